@@ -1,0 +1,1 @@
+"""leantrain: lean LLM post-training."""
