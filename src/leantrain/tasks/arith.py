@@ -28,11 +28,12 @@ class ArithTask(Task):
         max_digit: numbers are drawn from 1..max_digit.
     """
 
-    alpha: float = 1.2
-    min_items: int = 2
+    alpha: float = 1.0
+    min_items: int = 3
     max_items: int = 32
     max_digit: int = 9
     name: str = "arith"
+    parts = ("format", "answer")
 
     def __post_init__(self) -> None:
         if self.alpha <= 0:

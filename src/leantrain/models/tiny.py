@@ -1,0 +1,157 @@
+"""The embedded default model: a ~1 M-parameter Llama warm-started by supervised training on the
+built-in tasks' worked solutions until it solves some but not most `arith` problems, then cached
+as an ordinary Hugging Face folder (safetensors) so every later load takes milliseconds.
+
+Knows nothing about RL: it only needs problems with worked solutions (`Task.sample().solution`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
+
+from leantrain.models.tiny_config import tiny_config
+from leantrain.models.tokenizer import build_byte_tokenizer
+from leantrain.tasks import ArithTask, Task
+
+# Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
+TINY_RECIPE_VERSION = 4
+
+
+@dataclass(frozen=True)
+class WarmStartRecipe:
+    """Supervised warm start of the tiny model.
+
+    Attributes:
+        seed: fixes initialization and data; the same seed builds the same weights.
+        steps: optimizer steps; sized so a 2-core CPU finishes in about a minute.
+        batch_size: sequences per step.
+        chunks: forward passes per step (sequences of similar length padded together).
+        lr: peak AdamW learning rate (cosine decay to 10% after a short warm-up).
+        max_items: longest `arith` list seen in training; longer lists stay unseen, which keeps the
+            model from solving most problems and leaves RL something to learn.
+    """
+
+    seed: int = 0
+    steps: int = 260
+    batch_size: int = 32
+    chunks: int = 4
+    lr: float = 3e-3
+    max_items: int = 12
+
+
+def leantrain_home() -> Path:
+    """Cache root: `$LEANTRAIN_HOME`, default `~/.cache/leantrain`."""
+    return Path(os.environ.get("LEANTRAIN_HOME", Path.home() / ".cache" / "leantrain"))
+
+
+def tiny_dir(recipe: WarmStartRecipe = WarmStartRecipe()) -> Path:
+    return leantrain_home() / "models" / f"tiny-v{TINY_RECIPE_VERSION}-seed{recipe.seed}"
+
+
+def ensure_tiny(recipe: WarmStartRecipe = WarmStartRecipe(), *, progress: bool = True) -> Path:
+    """Return the cached tiny model folder, building it first if needed (one builder at a time)."""
+    target = tiny_dir(recipe)
+    if (target / "build.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "build.json").exists():  # another process built it while we waited
+            return target
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        build_tiny(staging, recipe, progress=progress)
+        staging.rename(target)
+    return target
+
+
+def _sft_chunks(
+    task: Task, tokenizer: PreTrainedTokenizerBase, rng: random.Random, batch_size: int, chunks: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`batch_size` problems as `chunks` right-padded (input ids, labels) pairs, each (b, T).
+
+    Problems are sorted by length before chunking, so with a heavy-tailed length little compute
+    goes to padding. Right padding needs no attention mask in a causal model (pads come after
+    every real token), which keeps attention on its fast causal path. Labels are -100 on the
+    prompt and on padding.
+    """
+    rows = []
+    for _ in range(batch_size):
+        ex = task.sample(rng)
+        prompt = tokenizer.encode(ex.prompt)
+        response = [*tokenizer.encode(ex.solution), tokenizer.eos_token_id]
+        rows.append((prompt + response, [-100] * len(prompt) + response))
+    rows.sort(key=lambda r: len(r[0]))
+    size = math.ceil(batch_size / chunks)
+    out = []
+    for start in range(0, batch_size, size):
+        part = rows[start : start + size]
+        width = max(len(ids) for ids, _ in part)
+        pad = tokenizer.pad_token_id
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in part])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in part])
+        out.append((ids, labels))
+    return out
+
+
+def build_tiny(out: Path, recipe: WarmStartRecipe, *, progress: bool = True) -> dict:
+    """Train the tiny model from scratch on worked solutions and save it to `out`."""
+    from rich.progress import Progress
+
+    start = time.perf_counter()
+    torch.manual_seed(recipe.seed)
+    tokenizer = build_byte_tokenizer()
+    model = LlamaForCausalLM(tiny_config(tokenizer))
+    task = ArithTask(max_items=recipe.max_items)
+    rng = random.Random(recipe.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
+    warmup = max(1, recipe.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = (step - warmup) / max(1, recipe.steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task("building the tiny model (one-off)", total=recipe.steps)
+        for _ in range(recipe.steps):
+            chunks = _sft_chunks(task, tokenizer, rng, recipe.batch_size, recipe.chunks)
+            n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, lab in chunks)
+            loss_sum = 0.0
+            for ids, labels in chunks:
+                # Mean over the chunk's target tokens, re-weighted to a mean over the whole batch.
+                n = int((labels[:, 1:] != -100).sum())
+                loss = model(input_ids=ids, labels=labels, use_cache=False).loss * (n / n_tokens)
+                loss.backward()
+                loss_sum += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            bar.update(job, advance=1, description=f"building the tiny model, loss {loss_sum:.3f}")
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info = {
+        "recipe": asdict(recipe),
+        "recipe_version": TINY_RECIPE_VERSION,
+        "final_loss": round(loss_sum, 4),
+        "train_seconds": round(time.perf_counter() - start, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    (out / "build.json").write_text(json.dumps(info, indent=2))
+    return info

@@ -1,0 +1,376 @@
+"""GRPO on verifiable rewards, synchronous: rollout -> score -> advantages -> clipped policy loss.
+
+One step: sample `group_size` responses for each of `prompts_per_step` prompts with the rollout
+engine (policy version v), score them into reward parts, turn the weighted totals into
+group-relative advantages, and take one optimizer step (or `num_iterations`) on the packed,
+micro-batched loss; the version becomes v+1. The engine shares the policy's weights, so the next
+rollout uses them at once.
+
+    from leantrain.config import load_config
+    from leantrain.rl.grpo import GRPORun
+    summary = GRPORun(load_config("configs/tiny-arith.yaml", steps=20)).run()
+
+The setup order matters: model before optimizer (the optimizer holds its parameters), optimizer
+before resume (resume restores its state), task before the held-out set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from leantrain.config import RLConfig
+from leantrain.errors import LeantrainError
+from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.models import encode_prompt, load_model, pick_device
+from leantrain.rl.advantages import group_advantages
+from leantrain.rl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from leantrain.rl.losses import policy_loss
+from leantrain.rl.packing import loss_context, micro_batches, pack, packed_logprobs
+from leantrain.rl.trajectory import Trajectory
+from leantrain.tasks import Example, Task, make_task
+from leantrain.tasks.rewards import score_safely
+from leantrain.telemetry import JsonlSink, plot_metrics
+
+log = logging.getLogger(__name__)
+
+# Seed streams: training prompts, held-out prompts and sampling never share a seed.
+_EVAL_SEED_OFFSET = 1_000_003
+_SAMPLING_SEED_OFFSET = 7_919
+
+PLOT_KEYS = ("reward", "accuracy", "loss", "response_len_p50", "response_len_max", "tokens_per_s")
+
+
+@dataclass
+class Timer:
+    """Seconds spent generating and training in one step; the rest of the step is idle."""
+
+    generate_s: float = 0.0
+    train_s: float = 0.0
+
+
+def accuracy_part(parts: dict[str, float]) -> float:
+    """What counts as solved: the `answer` part, else the `tool` part (code), else 0."""
+    return parts.get("answer", parts.get("tool", 0.0))
+
+
+class GRPORun:
+    """A GRPO run: `setup` in the constructor, then `run()`; `rollout`, `train_step` and
+    `evaluate` are public so tests and other orchestrators can drive a run step by step."""
+
+    def __init__(self, config: RLConfig, *, progress: bool = True, resume: bool = False) -> None:
+        self.config = config
+        self.progress = progress
+        self.out = Path(config.out)
+        self.device = pick_device(config.device)
+        torch.manual_seed(config.seed)
+        self._setup_model()
+        self._setup_task()
+        self._setup_optimizer()
+        self._setup_outputs(resume)
+
+    # ----------------------------------------------------------------- setup
+    def _setup_model(self) -> None:
+        # fp32 master weights everywhere; on CUDA the forward passes run under bf16 autocast.
+        self.model, self.tokenizer = load_model(
+            self.config.model.name, device=str(self.device), dtype="float32"
+        )
+        self.autocast_dtype = {
+            "auto": torch.bfloat16 if self.device.type == "cuda" else None,
+            "float32": None,
+            "bfloat16": torch.bfloat16,
+        }[self.config.model.dtype]
+        self.engine = Engine(self.model, self.tokenizer, max_batch_size=self.config.max_batch_size)
+        self.ref_model = None
+        if self.config.grpo.beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        s = self.config.sampling
+        self.sampling = SamplingParams(
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
+        )
+        # The trainer recomputes the engine's logprobs: log_softmax(logits / T), T=1 when greedy.
+        self.logprob_temperature = s.temperature if s.temperature > 0 else 1.0
+
+    def _setup_task(self) -> None:
+        t = self.config.task
+        self.task: Task = make_task(t.name, **t.options)
+        self.weights = t.reward_weights
+        self.heldout: list[Example] = self.task.examples(
+            t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
+        )
+
+    def _setup_optimizer(self) -> None:
+        g = self.config.grpo
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=g.lr, weight_decay=g.weight_decay
+        )
+        self.step = 0
+        self.version = 0
+        self.accuracy_before: float | None = None
+
+    def _setup_outputs(self, resume: bool) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = JsonlSink(self.out / "metrics.jsonl")
+        self.completions = JsonlSink(self.out / "completions.jsonl")
+        self.ckpt_root = self.out / "checkpoints"
+        ckpts = list_checkpoints(self.ckpt_root)
+        if resume and ckpts:
+            state = load_checkpoint(ckpts[-1], self.model, self.optimizer)
+            self.step, self.version = state["step"], state["version"]
+            self.accuracy_before = state.get("accuracy_before")
+            # Steps after the checkpoint were lost with the crash; they will be run again.
+            self.metrics.truncate_after(self.step)
+            self.completions.truncate_after(self.step)
+            log.info("resumed from %s (step %d)", ckpts[-1], self.step)
+        elif not resume and (ckpts or self.metrics.path.exists()):
+            raise LeantrainError(
+                f"run folder {self.out} already holds a run; "
+                "pass --resume to continue it or choose another --out"
+            )
+
+    # --------------------------------------------------------------- rollout
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self.autocast_dtype is None:
+            yield
+        else:
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+                yield
+
+    def rollout(self, step: int) -> list[Trajectory]:
+        """`group_size` responses to each of this step's prompts, scored, as trajectories."""
+        g = self.config.grpo
+        examples = self.task.examples(g.prompts_per_step, self.config.seed * 100_003 + step)
+        prompt_ids = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
+        batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
+        with self._autocast():
+            completions = self.engine.generate(
+                batch, self.sampling, seed=self.config.seed * _SAMPLING_SEED_OFFSET + step
+            )
+        return [
+            self._to_trajectory(c, examples[i // g.group_size], i // g.group_size)
+            for i, c in enumerate(completions)
+        ]
+
+    def _to_trajectory(self, c: Completion, example: Example, group: int) -> Trajectory:
+        text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
+        score = score_safely(self.task, example, text, self.weights)
+        n = len(c.response_ids)
+        return Trajectory(
+            prompt_ids=c.prompt_ids,
+            response_ids=c.response_ids,
+            logprobs=c.logprobs,
+            versions=[self.version] * n,
+            loss_mask=[1] * n,
+            finish_reason=c.finish_reason,
+            rewards=score.parts,
+            reward=score.total,
+            group_id=group,
+            text=text,
+            error=score.error,
+        )
+
+    # ----------------------------------------------------------------- train
+    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step (times `num_iterations`) on a rollout batch; returns loss stats.
+
+        A non-finite loss or gradient skips the update (weights untouched) and is reported as
+        `skipped: 1` rather than corrupting the weights.
+        """
+        g = self.config.grpo
+        rewards = torch.tensor([t.reward for t in trajectories])
+        groups = torch.tensor([t.group_id for t in trajectories])
+        advantages = group_advantages(rewards, groups, scale=g.scale_rewards)
+        batches = [
+            pack([trajectories[i] for i in idx], advantages[idx], mask_truncated=g.mask_truncated)
+            for idx in micro_batches(trajectories, g.micro_batch_tokens)
+        ]
+        ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
+        stats: dict[str, float] = {"skipped": 0.0}
+        self.model.train()
+        for _ in range(g.num_iterations):
+            total_loss = 0.0
+            for mb in batches:
+                mb = mb.to(self.device)
+                with self._autocast():
+                    logp = packed_logprobs(self.model, mb, self.logprob_temperature)
+                    ref = None
+                    if self.ref_model is not None:
+                        with torch.no_grad():
+                            ref = packed_logprobs(self.ref_model, mb, self.logprob_temperature)
+                loss, mb_stats = policy_loss(
+                    logp,
+                    mb.old_logprobs,
+                    mb.advantages,
+                    mb.loss_mask,
+                    mb.sequence_index,
+                    ctx,
+                    loss_type=g.loss_type,
+                    epsilon=g.epsilon,
+                    epsilon_high=g.epsilon_high,
+                    beta=g.beta,
+                    ref_logp=ref,
+                )
+                loss.backward()
+                total_loss += float(loss.detach())
+                for k, v in mb_stats.items():  # token-weighted mean over micro-batches
+                    w = float(mb.loss_mask.sum()) / max(1, ctx.num_active_tokens)
+                    stats[k] = stats.get(k, 0.0) + float(v) * w
+            grad_norm = float(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
+            )
+            if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
+                log.warning(
+                    "step %d: non-finite loss (%s) or gradient norm (%s); update skipped",
+                    self.step,
+                    total_loss,
+                    grad_norm,
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                stats["skipped"] = 1.0
+                continue
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            stats.update(loss=total_loss, grad_norm=grad_norm)
+        self.model.eval()
+        if stats["skipped"] == 0.0:
+            self.version += 1
+        return stats
+
+    # ------------------------------------------------------------------ eval
+    def evaluate(self, examples: list[Example] | None = None) -> float:
+        """Greedy accuracy on the held-out problems (or `examples`)."""
+        examples = self.heldout if examples is None else examples
+        params = SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=0.0)
+        with self._autocast():
+            completions = self.engine.generate(
+                [encode_prompt(self.tokenizer, ex.prompt) for ex in examples], params
+            )
+        solved = 0.0
+        for ex, c in zip(examples, completions, strict=False):
+            text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
+            solved += accuracy_part(score_safely(self.task, ex, text, self.weights).parts)
+        return solved / len(examples)
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        """Train for `config.steps` steps (from the resumed step); returns the run summary."""
+        cfg = self.config
+        if self.accuracy_before is None:
+            self.accuracy_before = self.evaluate()
+        totals = Timer()
+        start = time.perf_counter()
+        with Progress(
+            *Progress.get_default_columns()[:1],
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not self.progress,
+            transient=False,
+        ) as bar:
+            job = bar.add_task("GRPO", total=cfg.steps, completed=self.step)
+            while self.step < cfg.steps:
+                record = self._one_step(totals)
+                bar.update(
+                    job,
+                    advance=1,
+                    description=f"GRPO reward {record['reward']:.2f} acc {record['accuracy']:.2f}",
+                )
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self._checkpoint()
+        accuracy_after = self.evaluate()
+        summary = {
+            "steps": self.step,
+            "policy_version": self.version,
+            "model": cfg.model.name,
+            "task": cfg.task.name,
+            "accuracy_before": self.accuracy_before,
+            "accuracy_after": accuracy_after,
+            "eval_size": len(self.heldout),
+            "seconds_total": round(time.perf_counter() - start, 2),
+            "seconds_generating": round(totals.generate_s, 2),
+            "seconds_training": round(totals.train_s, 2),
+        }
+        summary["seconds_idle"] = round(
+            summary["seconds_total"] - totals.generate_s - totals.train_s, 2
+        )
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
+        return summary
+
+    def _one_step(self, totals: Timer) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        trajectories = self.rollout(self.step)
+        t1 = time.perf_counter()
+        stats = self.train_step(trajectories)
+        t2 = time.perf_counter()
+        self.step += 1
+        group = self.config.grpo.group_size
+        for t in trajectories[: self.config.log_completions * group : group]:
+            self.completions.write(
+                {
+                    "step": self.step,
+                    "prompt": self.tokenizer.decode(t.prompt_ids),
+                    "response": t.text,
+                    "rewards": t.rewards,
+                    "finish_reason": t.finish_reason,
+                    "error": t.error,
+                }
+            )
+        record = self._record(trajectories, stats, gen_s=t1 - t0, train_s=t2 - t1)
+        record["idle_s"] = round(time.perf_counter() - t2, 4)
+        self.metrics.write(record)
+        totals.generate_s += t1 - t0
+        totals.train_s += t2 - t1
+        return record
+
+    def _record(
+        self, trajectories: list[Trajectory], stats: dict[str, float], gen_s: float, train_s: float
+    ) -> dict[str, Any]:
+        lengths = np.array([len(t.response_ids) for t in trajectories])
+        parts = sorted({k for t in trajectories for k in t.rewards})
+        record: dict[str, Any] = {
+            "step": self.step,
+            "policy_version": self.version,
+            "reward": float(np.mean([t.reward for t in trajectories])),
+            **{
+                f"reward_{p}": float(np.mean([t.rewards.get(p, 0.0) for t in trajectories]))
+                for p in parts
+            },
+            "accuracy": float(np.mean([accuracy_part(t.rewards) for t in trajectories])),
+            "response_len_p50": float(np.percentile(lengths, 50)),
+            "response_len_p90": float(np.percentile(lengths, 90)),
+            "response_len_max": int(lengths.max()),
+            "truncated_fraction": float(
+                np.mean([t.finish_reason == "length" for t in trajectories])
+            ),
+            "reward_errors": sum(t.error is not None for t in trajectories),
+            "tokens_per_s": float(lengths.sum() / max(gen_s, 1e-9)),
+            "generate_s": round(gen_s, 4),
+            "train_s": round(train_s, 4),
+            **{k: round(v, 6) for k, v in stats.items()},
+        }
+        return record
+
+    def _checkpoint(self) -> None:
+        state = {"version": self.version, "accuracy_before": self.accuracy_before}
+        save_checkpoint(
+            self.ckpt_root,
+            self.step,
+            self.model,
+            self.optimizer,
+            state,
+            self.config.keep_checkpoints,
+        )

@@ -1,0 +1,211 @@
+"""GRPO policy losses on flat per-token tensors, written so gradient accumulation is exact.
+
+Knows nothing about models, packing or trajectories: per-token log-probabilities, advantages and a
+loss mask in, a scalar out. Every loss variant is a per-token weight w_t, and the loss of the whole
+optimizer-step batch B is
+
+    L = sum_{t in B} w_t * l_t,    l_t = clipped policy loss (+ beta * k3 KL) of token t.
+
+The weights are built from a micro-batch's own tokens plus the global counts in `LossContext`, so
+each micro-batch's loss is its share of L: call `backward()` on every micro-batch's loss as it is
+(do not divide by the number of micro-batches) and the accumulated gradient is that of L, whatever
+the split. The variants and their normalizations follow TRL `GRPOTrainer._compute_loss`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class LossContext:
+    """Counts over the whole optimizer-step batch (every micro-batch) that the weights divide by.
+
+    Attributes:
+        num_sequences: trajectories in the whole batch, fully masked ones included (TRL counts
+            them too), N in the formulas.
+        num_active_tokens: sum of the loss mask over the whole batch (dapo's denominator).
+        max_completion_length: dr_grpo's constant L, the generation budget in tokens.
+        num_micro_batches: micro-batches in the step; only bnpo uses it.
+    """
+
+    num_sequences: int
+    num_active_tokens: int
+    max_completion_length: int | None = None
+    num_micro_batches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_sequences < 1:
+            raise ValueError(f"LossContext.num_sequences must be >= 1, got {self.num_sequences}")
+        if self.num_micro_batches < 1:
+            raise ValueError(
+                f"LossContext.num_micro_batches must be >= 1, got {self.num_micro_batches}"
+            )
+
+
+def per_token_policy_loss(
+    logp: Tensor,  # (T,) log pi_theta(token), with grad
+    old_logp: Tensor,  # (T,) log pi_old(token), the policy that sampled it (no grad)
+    advantages: Tensor,  # (T,) advantage of each token's sequence
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clipped surrogate per token (GRPO / DAPO "clip-higher").
+
+        r_t = exp(logp_t - old_logp_t)
+        l_t = -min(r_t * A_t, clip(r_t, 1 - epsilon, 1 + epsilon_high) * A_t)
+
+    `epsilon_high` defaults to `epsilon` (symmetric clip, TRL semantics); DAPO suggests 0.28.
+
+    Returns:
+        loss: (T,) unreduced and unmasked.
+        stats: per-token, detached: "ratio" (T,) r_t; "clipped_low" / "clipped_high" (T,) bool,
+            where the clip is active, i.e. r_t left the trust region in the direction the
+            advantage pushes it (r < 1 - eps with A < 0, r > 1 + eps_high with A > 0), which
+            are exactly the tokens whose gradient the clip zeroes.
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = torch.exp(logp - old_logp)
+    clipped_ratio = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    ratio = ratio.detach()
+    stats = {
+        "ratio": ratio,
+        "clipped_low": (ratio < 1 - epsilon) & (advantages < 0),
+        "clipped_high": (ratio > 1 + epsilon_high) & (advantages > 0),
+    }
+    return loss, stats
+
+
+def k3_kl(
+    logp: Tensor,  # (T,) log pi_theta(token), with grad
+    ref_logp: Tensor,  # (T,) log pi_ref(token) of the frozen reference policy
+) -> Tensor:  # (T,)
+    """Schulman's k3 estimator of KL(pi_theta || pi_ref) per token, always >= 0:
+
+    k3_t = exp(ref_logp_t - logp_t) - (ref_logp_t - logp_t) - 1
+    """
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1
+
+
+# A weight function: (loss_mask (T,), sequence_index (T,), ctx) -> w (T,). loss_mask is 1 for
+# trained tokens and 0 otherwise; sequence_index says which sequence of the micro-batch each token
+# belongs to (a sequence never spans two micro-batches).
+WeightFn = Callable[[Tensor, Tensor, LossContext], Tensor]
+
+
+def grpo_weights(loss_mask: Tensor, sequence_index: Tensor, ctx: LossContext) -> Tensor:
+    """Mean over each sequence's tokens, then mean over the N sequences of the whole batch:
+
+        w_t = m_t / (|o_i| * N),  |o_i| = active tokens of t's sequence i (at least 1)
+
+    TRL: ((l * m).sum(-1) / m.sum(-1).clamp(min=1)).mean() / grad_accum_steps, equal to this when
+    every micro-batch holds N / grad_accum_steps sequences; here it is exact for any split.
+    Long responses get less weight per token (the length bias Dr. GRPO and DAPO remove).
+    """
+    active_per_sequence = torch.bincount(sequence_index, weights=loss_mask)
+    return loss_mask / (active_per_sequence[sequence_index].clamp(min=1) * ctx.num_sequences)
+
+
+def dr_grpo_weights(loss_mask: Tensor, sequence_index: Tensor, ctx: LossContext) -> Tensor:
+    """Sum over all tokens divided by a constant, so no length bias (Dr. GRPO):
+
+        w_t = m_t / (N * L),  L = ctx.max_completion_length
+
+    TRL: (l * m).sum() / (B * max_completion_length) / grad_accum_steps.
+    """
+    if ctx.max_completion_length is None:
+        raise ValueError("loss_type 'dr_grpo' needs LossContext.max_completion_length, got None")
+    return loss_mask / (ctx.num_sequences * ctx.max_completion_length)
+
+
+def dapo_weights(loss_mask: Tensor, sequence_index: Tensor, ctx: LossContext) -> Tensor:
+    """Token-level mean over every active token of the whole batch (DAPO; TRL's default):
+
+        w_t = m_t / sum_{s in B} m_s
+
+    TRL: (l * m).sum() / num_items_in_batch, the active tokens of the accumulated batch.
+    """
+    return loss_mask / max(ctx.num_active_tokens, 1)
+
+
+def bnpo_weights(loss_mask: Tensor, sequence_index: Tensor, ctx: LossContext) -> Tensor:
+    """Token mean over this micro-batch's active tokens only, then mean over micro-batches:
+
+        w_t = m_t / (sum_{s in micro-batch} m_s * num_micro_batches)
+
+    TRL: (l * m).sum() / m.sum().clamp(min=1) / grad_accum_steps. The only variant that does NOT
+    accumulate exactly: the result depends on how the batch is split into micro-batches. It equals
+    dapo when every micro-batch holds the same number of active tokens.
+    """
+    return loss_mask / (loss_mask.sum().clamp(min=1) * ctx.num_micro_batches)
+
+
+LOSS_WEIGHTS: dict[str, WeightFn] = {
+    "grpo": grpo_weights,
+    "dr_grpo": dr_grpo_weights,
+    "dapo": dapo_weights,
+    "bnpo": bnpo_weights,
+}
+
+
+def policy_loss(
+    logp: Tensor,  # (T,) log pi_theta of each response token of the micro-batch, with grad
+    old_logp: Tensor,  # (T,) log pi_old of the same tokens (behaviour log-probabilities)
+    advantages: Tensor,  # (T,) advantage of each token's sequence
+    loss_mask: Tensor,  # (T,) float, 1 = trained on, 0 = ignored (tool/env or masked tokens)
+    sequence_index: Tensor,  # (T,) int, index of each token's sequence within the micro-batch
+    ctx: LossContext,
+    loss_type: str = "dapo",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    ref_logp: Tensor | None = None,  # (T,) log pi_ref, required when beta != 0
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """This micro-batch's share of the batch loss, sum_t w_t * (l_t + beta * k3_t).
+
+    `loss_type` picks the weights w_t from `LOSS_WEIGHTS` (see each function for its formula).
+
+    Returns:
+        loss: scalar; call `backward()` on it as it is for exact gradient accumulation.
+        stats: detached scalars, means over this micro-batch's active tokens: "clip_fraction",
+            "clip_low_fraction", "clip_high_fraction", "ratio_mean", "kl_mean" (beta != 0 only),
+            and "active_tokens" to weight them when averaging over micro-batches.
+    """
+    if loss_type not in LOSS_WEIGHTS:
+        raise ValueError(f"loss_type must be one of {sorted(LOSS_WEIGHTS)}, got {loss_type!r}")
+    active = loss_mask > 0
+    # Masked tokens (tool output, truncated responses) may carry meaningless old/ref logprobs; an
+    # overflowing exp there would turn the zero-weighted loss, and every gradient, into NaN.
+    old_logp = torch.where(active, old_logp, logp.detach())
+    per_token, token_stats = per_token_policy_loss(
+        logp, old_logp, advantages, epsilon, epsilon_high
+    )
+    token_values = {  # per token, reduced to means over the active tokens below
+        "clip_fraction": token_stats["clipped_low"] | token_stats["clipped_high"],
+        "clip_low_fraction": token_stats["clipped_low"],
+        "clip_high_fraction": token_stats["clipped_high"],
+        "ratio_mean": token_stats["ratio"],
+    }
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError(f"beta={beta} needs ref_logp (reference-policy logprobs), got None")
+        kl = k3_kl(logp, torch.where(active, ref_logp, logp.detach()))
+        per_token = per_token + beta * kl
+        token_values["kl_mean"] = kl.detach()
+    weights = LOSS_WEIGHTS[loss_type](loss_mask, sequence_index, ctx)
+    loss = (weights * per_token).sum()
+    n_active = loss_mask.sum().detach()
+    stats = {name: _masked_mean(v, loss_mask, n_active) for name, v in token_values.items()}
+    stats["active_tokens"] = n_active
+    return loss, stats
+
+
+def _masked_mean(values: Tensor, loss_mask: Tensor, n_active: Tensor) -> Tensor:
+    """Mean of `values` (T,) over the active tokens; 0 when there are none."""
+    return (values * loss_mask).sum() / n_active.clamp(min=1)

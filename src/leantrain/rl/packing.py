@@ -1,0 +1,194 @@
+"""Padding-free trainer batches: trajectories concatenated into one row, one forward pass over it,
+and log-probabilities computed only where a response token is predicted.
+
+Knows nothing about rewards or loss variants: it carries one advantage per trajectory, broadcast
+over that trajectory's response tokens, and hands flat per-token tensors to `rl.losses`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from itertools import chain
+
+import torch
+from torch import Tensor, nn
+
+from leantrain.rl.losses import LossContext
+from leantrain.rl.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Trajectories packed into one row. T = all prompt and response tokens, R = response tokens.
+
+    Attributes:
+        input_ids: (1, T) every trajectory's prompt then response, one after another, no padding.
+        position_ids: (1, T) restart at 0 at each trajectory; they also mark the boundaries the
+            attention must not cross (see `packed_logprobs`).
+        logit_positions: (R,) where in the row each response token is predicted from: the
+            position just before it (logits at t predict the token at t + 1).
+        targets: (R,) the response token ids, exactly as sampled.
+        old_logprobs: (R,) behaviour log-probabilities from the rollout.
+        loss_mask: (R,) float, 1 = trained on, 0 = tool/env token or masked truncated response.
+        advantages: (R,) the trajectory's advantage on each of its response tokens.
+        sequence_index: (R,) long, which trajectory of this batch (0..S-1) each token belongs to.
+        num_sequences: S, the number of trajectories packed.
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    logit_positions: Tensor
+    targets: Tensor
+    old_logprobs: Tensor
+    loss_mask: Tensor
+    advantages: Tensor
+    sequence_index: Tensor
+    num_sequences: int
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The same batch with every tensor on `device`."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return replace(self, **moved)
+
+
+def pack(
+    trajectories: Sequence[Trajectory],  # S trajectories
+    advantages: Tensor,  # (S,) one advantage per trajectory
+    mask_truncated: bool = False,
+) -> PackedBatch:
+    """Concatenate `trajectories` into one padding-free row.
+
+    With `mask_truncated`, a trajectory that stopped on the length budget (finish_reason
+    "length") gets an all-zero loss mask: its reward judged an unfinished answer (TRL's
+    `mask_truncated_completions`). It still counts as a sequence in the loss normalizations,
+    as in TRL.
+    """
+    if len(trajectories) != advantages.shape[0]:
+        raise ValueError(
+            f"advantages has {advantages.shape[0]} entries, expected one per trajectory "
+            f"({len(trajectories)})"
+        )
+    if not trajectories:
+        raise ValueError("pack() needs at least one trajectory, got none")
+    for i, traj in enumerate(trajectories):
+        if not traj.prompt_ids:
+            raise ValueError(
+                f"trajectory {i} has empty prompt_ids: its first response token needs a "
+                "preceding token to be predicted from (start prompts with BOS)"
+            )
+    prompt_lens = torch.tensor([len(t.prompt_ids) for t in trajectories])
+    response_lens = torch.tensor([len(t.response_ids) for t in trajectories])
+    seq_lens = prompt_lens + response_lens
+    # Response token j of trajectory i sits at seq_start[i] + prompt_lens[i] + j and is
+    # predicted from the position before it.
+    first_logit = torch.cumsum(seq_lens, 0) - seq_lens + prompt_lens - 1
+    logit_positions = first_logit.repeat_interleave(response_lens) + _index_within(response_lens)
+    tokens = chain.from_iterable(t.prompt_ids + t.response_ids for t in trajectories)
+    masks = chain.from_iterable(_loss_mask(t, mask_truncated) for t in trajectories)
+    return PackedBatch(
+        input_ids=torch.tensor(list(tokens), dtype=torch.long)[None],
+        position_ids=_index_within(seq_lens)[None],
+        logit_positions=logit_positions,
+        targets=torch.tensor(
+            list(chain.from_iterable(t.response_ids for t in trajectories)), dtype=torch.long
+        ),
+        old_logprobs=torch.tensor(
+            list(chain.from_iterable(t.logprobs for t in trajectories)), dtype=torch.float32
+        ),
+        loss_mask=torch.tensor(list(masks), dtype=torch.float32),
+        # Built on the CPU like every other field; `PackedBatch.to` moves them together.
+        advantages=advantages.detach().to("cpu", torch.float32).repeat_interleave(response_lens),
+        sequence_index=torch.arange(len(trajectories)).repeat_interleave(response_lens),
+        num_sequences=len(trajectories),
+    )
+
+
+def _index_within(lengths: Tensor) -> Tensor:
+    """Segment lengths (S,) -> (sum(lengths),) index of each element within its segment.
+
+    E.g. [2, 3] -> [0, 1, 0, 1, 2].
+    """
+    starts = torch.cumsum(lengths, 0) - lengths
+    return torch.arange(int(lengths.sum())) - starts.repeat_interleave(lengths)
+
+
+def _loss_mask(traj: Trajectory, mask_truncated: bool) -> list[int]:
+    """The trajectory's own mask, or all zeros when it is truncated and those are masked."""
+    if mask_truncated and traj.finish_reason == "length":
+        return [0] * len(traj.response_ids)
+    return list(traj.loss_mask)
+
+
+def packed_logprobs(
+    model: nn.Module,  # a Hugging Face causal LM (or a peft wrapper of one)
+    batch: PackedBatch,  # on the model's device
+    temperature: float = 1.0,
+) -> Tensor:  # (R,) float32, with grad through the model
+    """log softmax(logits / temperature) at each response token, from one forward over the row.
+
+    Logits are computed only at `batch.logit_positions` (transformers' `logits_to_keep` with an
+    index tensor slices the hidden states before the LM head), so the (T, vocab) logits of the
+    prompt tokens are never materialized. Divide by the same temperature the rollout sampled with,
+    so the result is comparable with `old_logprobs`.
+
+    Sequences are kept apart by `position_ids` alone: with no attention mask and no cache,
+    transformers detects the restarts and builds a block-diagonal causal mask (sdpa, eager, flex),
+    and flash-attention turns them into `cu_seqlens`. `use_cache=False` is required: with a cache
+    (created by default when `config.use_cache` is on) the detection is skipped and later
+    sequences attend to earlier ones. A hand-built 4-D boolean mask would be no better: sdpa
+    accepts it, but eager adds it to the scores as 0/1 and silently mixes the sequences.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    out = model(
+        input_ids=batch.input_ids,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        logits_to_keep=batch.logit_positions,
+    )
+    logits = out.logits[0].float() / temperature  # (R, vocab); float32 for a stable logsumexp
+    # log_softmax gathered at the targets, without a second (R, vocab) tensor.
+    return logits.gather(-1, batch.targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def micro_batches(trajectories: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
+    """Group trajectories so each group's packed row (prompt + response tokens) fits `max_tokens`.
+
+    First-fit decreasing: longest first, each into the first group with room, which keeps the
+    number of forward passes close to the minimum. A trajectory longer than the budget gets a
+    group of its own. Returns indices into `trajectories` (ascending within each group) so any
+    per-trajectory array, such as the advantages, is split the same way; every index appears
+    exactly once.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    groups: list[list[int]] = []
+    room: list[int] = []  # tokens left in each group; negative for an oversized one
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fit = next((g for g, free in enumerate(room) if lengths[i] <= free), None)
+        if fit is None:
+            groups.append([i])
+            room.append(max_tokens - lengths[i])
+        else:
+            groups[fit].append(i)
+            room[fit] -= lengths[i]
+    return [sorted(group) for group in groups]
+
+
+def loss_context(
+    batches: Sequence[PackedBatch],  # every micro-batch of one optimizer step
+    max_completion_length: int | None = None,
+) -> LossContext:
+    """The whole-step counts the loss weights divide by, from the packed micro-batches."""
+    return LossContext(
+        num_sequences=sum(b.num_sequences for b in batches),
+        num_active_tokens=int(sum(b.loss_mask.sum().item() for b in batches)),
+        max_completion_length=max_completion_length,
+        num_micro_batches=len(batches),
+    )

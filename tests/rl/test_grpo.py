@@ -1,0 +1,119 @@
+"""GRPO runs on the tiny model: weights move, outputs are written, resume is exact, a non-finite
+loss never reaches the weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from leantrain.config import RLConfig
+from leantrain.errors import LeantrainError
+from leantrain.rl import grpo
+from leantrain.rl.grpo import GRPORun
+
+
+def _weights(run: GRPORun) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+def test_step_changes_every_trained_tensor_and_logs(small_rl_config: RLConfig) -> None:
+    run = GRPORun(small_rl_config, progress=False)
+    before = _weights(run)
+    summary = run.run()
+    after = _weights(run)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) == len(before)  # every parameter tensor got a gradient step
+    assert summary["policy_version"] == 2 and summary["steps"] == 2
+    out = small_rl_config.out
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in (
+        "reward_format",
+        "reward_answer",
+        "accuracy",
+        "response_len_p50",
+        "response_len_p90",
+        "response_len_max",
+        "tokens_per_s",
+        "generate_s",
+        "train_s",
+        "idle_s",
+        "loss",
+        "grad_norm",
+    ):
+        assert key in records[0], key
+    assert (out / "metrics.png").stat().st_size > 1000
+    saved = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= saved["accuracy_before"] <= 1.0 and 0.0 <= saved["accuracy_after"] <= 1.0
+    logged = (out / "completions.jsonl").read_text().splitlines()
+    assert len(logged) == 2 * small_rl_config.log_completions
+
+
+def test_trajectories_keep_tokens_and_versions(small_rl_config: RLConfig) -> None:
+    run = GRPORun(small_rl_config, progress=False)
+    trajectories = run.rollout(0)
+    assert len(trajectories) == 16
+    assert sorted({t.group_id for t in trajectories}) == [0, 1, 2, 3]
+    for t in trajectories:
+        assert t.versions == [0] * len(t.response_ids)
+        assert len(t.logprobs) == len(t.response_ids) and all(lp <= 0 for lp in t.logprobs)
+        assert run.tokenizer.decode(t.response_ids, skip_special_tokens=True) == t.text
+
+
+def test_resume_equals_straight_run(small_rl_config: RLConfig, tmp_path) -> None:
+    straight_cfg = small_rl_config.model_copy(update={"steps": 4, "out": tmp_path / "straight"})
+    straight = GRPORun(straight_cfg, progress=False)
+    straight.run()
+
+    split_cfg = small_rl_config.model_copy(update={"steps": 2, "out": tmp_path / "split"})
+    GRPORun(split_cfg, progress=False).run()
+    resumed = GRPORun(split_cfg.model_copy(update={"steps": 4}), progress=False, resume=True)
+    assert resumed.step == 2 and resumed.version == 2
+    resumed.run()
+
+    a, b = _weights(straight), _weights(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    lines = (tmp_path / "split/metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x)["step"] for x in lines]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_non_finite_loss_skips_the_update(small_rl_config: RLConfig, monkeypatch) -> None:
+    run = GRPORun(small_rl_config, progress=False)
+    trajectories = run.rollout(0)
+    before = _weights(run)
+    real = grpo.packed_logprobs
+    monkeypatch.setattr(grpo, "packed_logprobs", lambda *a, **k: real(*a, **k) * float("nan"))
+    stats = run.train_step(trajectories)
+    assert stats["skipped"] == 1.0 and run.version == 0
+    assert all(torch.equal(before[k], v) for k, v in _weights(run).items())
+
+
+def test_existing_run_needs_resume(small_rl_config: RLConfig) -> None:
+    GRPORun(small_rl_config.model_copy(update={"steps": 1}), progress=False).run()
+    with pytest.raises(LeantrainError, match="--resume"):
+        GRPORun(small_rl_config, progress=False)
+
+
+def test_corrupt_checkpoint_is_one_clear_error(small_rl_config: RLConfig) -> None:
+    GRPORun(small_rl_config.model_copy(update={"steps": 1}), progress=False).run()
+    [ckpt] = (small_rl_config.out / "checkpoints").glob("step-*")
+    (ckpt / "optimizer.pt").write_bytes(b"garbage")
+    with pytest.raises(LeantrainError, match="corrupt checkpoint"):
+        GRPORun(small_rl_config, progress=False, resume=True)
+
+
+def test_reward_crash_is_recorded_and_run_goes_on(small_rl_config: RLConfig, monkeypatch) -> None:
+    run = GRPORun(small_rl_config, progress=False)
+
+    def broken(example, response):
+        raise RuntimeError("verifier exploded")
+
+    monkeypatch.setattr(run.task, "score", broken)
+    trajectories = run.rollout(0)
+    assert all(t.error == "RuntimeError: verifier exploded" for t in trajectories)
+    assert all(t.reward == 0.0 for t in trajectories)
+    run.train_step(trajectories)  # all-zero advantages: a no-op step, not a crash

@@ -1,0 +1,49 @@
+"""The command line: exit code 2 with one clear line for user errors; a real tiny run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from leantrain.cli import app
+
+runner = CliRunner()
+
+
+def test_bad_config_field_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo:\n  lr: -1\n")
+    result = runner.invoke(app, ["rl", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "grpo.lr" in result.output
+
+
+def test_unknown_preset_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["rl", "--model", "gpt-17", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert "neither a preset" in result.output
+
+
+def test_missing_config_exits_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["rl", "--config", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_rl_runs_and_resumes(tiny_path: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "task: {eval_size: 4}\nsampling: {max_new_tokens: 32}\n"
+        "grpo: {prompts_per_step: 2, group_size: 2}\ncheckpoint_every: 1\n"
+    )
+    out = tmp_path / "run"
+    args = ["rl", "--config", str(cfg), "--out", str(out), "--device", "cpu"]
+    first = runner.invoke(app, [*args, "--steps", "1"])
+    assert first.exit_code == 0, first.output
+    assert "accuracy before" in first.output
+    again = runner.invoke(app, [*args, "--steps", "2"])
+    assert again.exit_code == 2 and "--resume" in again.output
+    resumed = runner.invoke(app, [*args, "--steps", "2", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((out / "summary.json").read_text())["steps"] == 2

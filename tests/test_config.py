@@ -1,0 +1,60 @@
+"""Config loading: every shipped YAML validates, and bad input names the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leantrain.config import RLConfig, load_config
+from leantrain.errors import LeantrainError
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = load_config(path)
+    assert isinstance(cfg, RLConfig)
+    assert cfg.steps >= 1
+
+
+def test_demo_config_matches_defaults() -> None:
+    # `leantrain demo` runs the defaults; configs/tiny-arith.yaml documents the same run.
+    shipped = load_config(Path(__file__).parents[1] / "configs" / "tiny-arith.yaml")
+    defaults = load_config(None)
+    assert shipped.model_dump(exclude={"out"}) == defaults.model_dump(exclude={"out"})
+
+
+def test_overrides_apply_dotted_keys() -> None:
+    cfg = load_config(None, **{"grpo.lr": 3e-4, "steps": 7, "model.name": None})
+    assert cfg.grpo.lr == 3e-4 and cfg.steps == 7 and cfg.model.name == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("grpo:\n  lr: -1\n", "grpo.lr"),
+        ("grpo:\n  loss_type: ppo\n", "grpo.loss_type"),
+        ("sampling:\n  top_p: 2\n", "sampling.top_p"),
+        ("steps: many\n", "steps"),
+        ("grpo:\n  learning_rate: 0.1\n", "grpo.learning_rate"),  # misspelt key
+        ("task:\n  reward_weights: {answer: .nan}\n", "task.reward_weights.answer"),
+    ],
+)
+def test_bad_field_is_named(tmp_path: Path, yaml_text: str, field: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(LeantrainError, match=rf"bad\.yaml: {field}:"):
+        load_config(path)
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(LeantrainError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(LeantrainError, match="expected a mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("a: [1\n")
+    with pytest.raises(LeantrainError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
