@@ -87,11 +87,15 @@ def demo(
 
 
 def _train_and_report(cfg: Any, *, resume: bool) -> None:
+    import transformers
+
     from leantrain.rl.grpo import GRPORun  # heavy imports only once arguments are valid
 
     # User reward functions (`module:function`) are looked up from the working directory too.
     sys.path.insert(0, str(Path.cwd()))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Our own progress bar covers the run; one bar per checkpoint load/save would bury it.
+    transformers.utils.logging.disable_progress_bar()
     console.print(
         f"GRPO: model [bold]{cfg.model.name}[/], task [bold]{cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"

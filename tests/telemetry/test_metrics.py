@@ -21,3 +21,9 @@ def test_plot_writes_png_and_skips_missing(tmp_path: Path) -> None:
     ]
     out = plot_metrics(records, ["reward", "loss", "absent"], tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_moving_average_is_trailing_mean() -> None:
+    from leantrain.telemetry.metrics import _moving_average
+
+    assert _moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]

@@ -198,7 +198,11 @@ class GRPORun:
             for idx in micro_batches(trajectories, g.micro_batch_tokens)
         ]
         ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
-        stats: dict[str, float] = {"skipped": 0.0}
+        # The schedule is a function of the step, so a resumed run follows the same one.
+        lr = g.lr * min(1.0, (self.step + 1) / max(1, g.warmup_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
         self.model.train()
         for _ in range(g.num_iterations):
             total_loss = 0.0

@@ -48,7 +48,12 @@ def plot_metrics(
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.8 * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys, strict=False):
         pts = [(r["step"], r[key]) for r in records if _finite(r.get(key))]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
+        steps, values = [p[0] for p in pts], [p[1] for p in pts]
+        if len(pts) < 20:
+            ax.plot(steps, values, marker=".")
+        else:  # noisy per-step values faint, a moving average over a tenth of the run on top
+            ax.plot(steps, values, alpha=0.3, linewidth=0.8)
+            ax.plot(steps, _moving_average(values, max(2, len(values) // 10)), linewidth=1.6)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
@@ -65,3 +70,12 @@ def plot_metrics(
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` points (shorter at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
