@@ -4,9 +4,8 @@ needs to learn from it. Token ids are kept exactly as sampled and are never re-t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-FinishReason = Literal["eos", "stop", "length"]
+from leantrain.generation import FinishReason
 
 
 @dataclass
