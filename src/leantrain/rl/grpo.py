@@ -67,8 +67,9 @@ def accuracy_part(parts: dict[str, float]) -> float:
 
 
 class GRPORun:
-    """A GRPO run: `setup` in the constructor, then `run()`; `rollout`, `train_step` and
-    `evaluate` are public so tests and other orchestrators can drive a run step by step."""
+    """A GRPO run: set up in the constructor, then `run()`. `sample`, `score` (together
+    `rollout`), `train_step` and `evaluate` are public so tests and other orchestrators (the async
+    one) can drive a run step by step."""
 
     def __init__(self, config: RLConfig, *, progress: bool = True, resume: bool = False) -> None:
         self.config = config
@@ -151,6 +152,10 @@ class GRPORun:
 
     def rollout(self, step: int) -> list[Trajectory]:
         """`group_size` responses to each of this step's prompts, scored, as trajectories."""
+        return self.score(*self.sample(step))
+
+    def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
+        """This step's prompts and `group_size` sampled completions of each, prompt-major."""
         g = self.config.grpo
         examples = self.task.examples(g.prompts_per_step, self.config.seed * 100_003 + step)
         prompt_ids = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
@@ -159,8 +164,13 @@ class GRPORun:
             completions = self.engine.generate(
                 batch, self.sampling, seed=self.config.seed * _SAMPLING_SEED_OFFSET + step
             )
+        return examples, completions
+
+    def score(self, examples: list[Example], completions: list[Completion]) -> list[Trajectory]:
+        """Score completions (from `sample`) into trajectories; a crashing scorer scores 0."""
+        group = self.config.grpo.group_size
         return [
-            self._to_trajectory(c, examples[i // g.group_size], i // g.group_size)
+            self._to_trajectory(c, examples[i // group], i // group)
             for i, c in enumerate(completions)
         ]
 
@@ -316,8 +326,10 @@ class GRPORun:
 
     def _one_step(self, totals: Timer) -> dict[str, Any]:
         t0 = time.perf_counter()
-        trajectories = self.rollout(self.step)
+        examples, completions = self.sample(self.step)
         t1 = time.perf_counter()
+        trajectories = self.score(examples, completions)  # scoring counts as idle time
+        t_train = time.perf_counter()
         stats = self.train_step(trajectories)
         t2 = time.perf_counter()
         self.step += 1
@@ -333,11 +345,11 @@ class GRPORun:
                     "error": t.error,
                 }
             )
-        record = self._record(trajectories, stats, gen_s=t1 - t0, train_s=t2 - t1)
-        record["idle_s"] = round(time.perf_counter() - t2, 4)
+        record = self._record(trajectories, stats, gen_s=t1 - t0, train_s=t2 - t_train)
+        record["idle_s"] = round(time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train), 4)
         self.metrics.write(record)
         totals.generate_s += t1 - t0
-        totals.train_s += t2 - t1
+        totals.train_s += t2 - t_train
         return record
 
     def _record(
