@@ -22,7 +22,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     name: str = Field("tiny", description="Preset (`tiny`, `smollm2-135m`) or a local HF folder.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Weights dtype; `auto` is bfloat16 on CUDA and float32 on CPU."
+        "auto",
+        description="Compute dtype (weights stay float32): `auto` is bfloat16 autocast on CUDA "
+        "and float32 on CPU.",
     )
 
 

@@ -4,6 +4,7 @@ loss never reaches the weights."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -117,3 +118,26 @@ def test_reward_crash_is_recorded_and_run_goes_on(small_rl_config: RLConfig, mon
     assert all(t.error == "RuntimeError: verifier exploded" for t in trajectories)
     assert all(t.reward == 0.0 for t in trajectories)
     run.train_step(trajectories)  # all-zero advantages: a no-op step, not a crash
+
+
+@pytest.mark.parametrize(
+    ("update", "expect"),
+    [
+        ({"num_iterations": 2}, "ratio_mean"),
+        ({"beta": 0.05}, "kl_mean"),
+        ({"loss_type": "grpo"}, "loss"),
+        ({"loss_type": "dr_grpo", "mask_truncated": True}, "loss"),
+        ({"loss_type": "bnpo", "scale_rewards": "group", "epsilon_high": 0.28}, "loss"),
+    ],
+)
+def test_train_variants(small_rl_config: RLConfig, update: dict, expect: str) -> None:
+    grpo_cfg = small_rl_config.grpo.model_copy(update=update)
+    run = GRPORun(small_rl_config.model_copy(update={"grpo": grpo_cfg}), progress=False)
+    before = _weights(run)
+    stats = run.train_step(run.rollout(0))
+    assert stats["skipped"] == 0.0 and math.isfinite(stats[expect])
+    assert run.version == update.get("num_iterations", 1)  # one version per optimizer step
+    assert any(not torch.equal(before[k], v) for k, v in _weights(run).items())
+    if "num_iterations" in update:
+        # The second pass sees weights the first pass moved: ratios are no longer all 1.
+        assert stats["ratio_mean"] != 1.0

@@ -55,7 +55,7 @@ PLOT_KEYS = ("reward", "accuracy", "loss", "response_len_p50", "response_len_max
 
 @dataclass
 class Timer:
-    """Seconds spent generating and training in one step; the rest of the step is idle."""
+    """Seconds a run spent generating and training; the rest of its time is idle."""
 
     generate_s: float = 0.0
     train_s: float = 0.0
@@ -127,14 +127,15 @@ class GRPORun:
         self.completions = JsonlSink(self.out / "completions.jsonl")
         self.ckpt_root = self.out / "checkpoints"
         ckpts = list_checkpoints(self.ckpt_root)
-        if resume and ckpts:
-            state = load_checkpoint(ckpts[-1], self.model, self.optimizer)
-            self.step, self.version = state["step"], state["version"]
-            self.accuracy_before = state.get("accuracy_before")
+        if resume:
+            if ckpts:
+                state = load_checkpoint(ckpts[-1], self.model, self.optimizer)
+                self.step, self.version = state["step"], state["version"]
+                self.accuracy_before = state.get("accuracy_before")
+                log.info("resumed from %s (step %d)", ckpts[-1], self.step)
             # Steps after the checkpoint were lost with the crash; they will be run again.
             self.metrics.truncate_after(self.step)
             self.completions.truncate_after(self.step)
-            log.info("resumed from %s (step %d)", ckpts[-1], self.step)
         elif not resume and (ckpts or self.metrics.path.exists()):
             raise LeantrainError(
                 f"run folder {self.out} already holds a run; "
@@ -194,7 +195,7 @@ class GRPORun:
 
     # ----------------------------------------------------------------- train
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step (times `num_iterations`) on a rollout batch; returns loss stats.
+        """`num_iterations` optimizer steps on one rollout batch; returns loss stats (of the last).
 
         A non-finite loss or gradient skips the update (weights untouched) and is reported as
         `skipped: 1` rather than corrupting the weights.
@@ -210,12 +211,13 @@ class GRPORun:
         ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
         # The schedule is a function of the step, so a resumed run follows the same one.
         lr = g.lr * min(1.0, (self.step + 1) / max(1, g.warmup_steps))
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
         stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
         self.model.train()
         for _ in range(g.num_iterations):
             total_loss = 0.0
+            iteration_stats: dict[str, float] = {}
             for mb in batches:
                 mb = mb.to(self.device)
                 with self._autocast():
@@ -239,9 +241,9 @@ class GRPORun:
                 )
                 loss.backward()
                 total_loss += float(loss.detach())
+                share = float(mb.loss_mask.sum()) / max(1, ctx.num_active_tokens)
                 for k, v in mb_stats.items():  # token-weighted mean over micro-batches
-                    w = float(mb.loss_mask.sum()) / max(1, ctx.num_active_tokens)
-                    stats[k] = stats.get(k, 0.0) + float(v) * w
+                    iteration_stats[k] = iteration_stats.get(k, 0.0) + float(v) * share
             grad_norm = float(
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
             )
@@ -257,10 +259,10 @@ class GRPORun:
                 continue
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            stats.update(loss=total_loss, grad_norm=grad_norm)
+            self.version += 1  # one version per optimizer step
+            stats.update(iteration_stats, loss=total_loss, grad_norm=grad_norm)
+        stats["active_tokens"] = float(ctx.num_active_tokens)
         self.model.eval()
-        if stats["skipped"] == 0.0:
-            self.version += 1
         return stats
 
     # ------------------------------------------------------------------ eval
