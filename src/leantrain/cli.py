@@ -96,11 +96,11 @@ def _train_and_report(cfg: Any, *, resume: bool) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Our own progress bar covers the run; one bar per checkpoint load/save would bury it.
     transformers.utils.logging.disable_progress_bar()
+    run = GRPORun(cfg, progress=True, resume=resume)
     console.print(
         f"GRPO: model [bold]{cfg.model.name}[/], task [bold]{cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"
     )
-    run = GRPORun(cfg, progress=True, resume=resume)
     summary = run.run()
     table = Table(title="leantrain rl", show_header=False)
     before, after = summary["accuracy_before"], summary["accuracy_after"]
