@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from leantrain.errors import LeantrainError
 from leantrain.tasks.rewards import RewardWeights
@@ -129,11 +129,6 @@ class RLConfig(_Strict):
     log_completions: int = Field(
         2, ge=0, description="Sampled completions appended to completions.jsonl each step."
     )
-
-    @field_validator("out", mode="before")
-    @classmethod
-    def _path(cls, value: Any) -> Any:
-        return Path(value) if isinstance(value, str) else value
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:

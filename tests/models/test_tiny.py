@@ -49,5 +49,5 @@ def test_tiny_solves_some_but_not_most(tiny_path: Path) -> None:
         for ex, c in zip(examples, completions, strict=True)
     ]
     accuracy = sum(s["answer"] for s in solved) / len(solved)
-    assert 0.15 <= accuracy <= 0.65, accuracy
+    assert 0.20 <= accuracy <= 0.60, accuracy  # the range: some, not most
     assert sum(s["format"] for s in solved) / len(solved) > 0.9  # it knows the format

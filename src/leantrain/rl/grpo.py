@@ -47,6 +47,7 @@ from leantrain.telemetry import JsonlSink, plot_metrics
 log = logging.getLogger(__name__)
 
 # Seed streams: training prompts, held-out prompts and sampling never share a seed.
+_PROMPT_SEED_STRIDE = 100_003
 _EVAL_SEED_OFFSET = 1_000_003
 _SAMPLING_SEED_OFFSET = 7_919
 
@@ -158,7 +159,9 @@ class GRPORun:
     def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
         """This step's prompts and `group_size` sampled completions of each, prompt-major."""
         g = self.config.grpo
-        examples = self.task.examples(g.prompts_per_step, self.config.seed * 100_003 + step)
+        examples = self.task.examples(
+            g.prompts_per_step, self.config.seed * _PROMPT_SEED_STRIDE + step
+        )
         prompt_ids = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
         batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
         with self._autocast():
@@ -306,6 +309,8 @@ class GRPORun:
                 )
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     self._checkpoint()
+        # The training loop's time only: the held-out evaluations before and after are not steps.
+        seconds_total = time.perf_counter() - start
         accuracy_after = self.evaluate()
         summary = {
             "steps": self.step,
@@ -315,13 +320,11 @@ class GRPORun:
             "accuracy_before": self.accuracy_before,
             "accuracy_after": accuracy_after,
             "eval_size": len(self.heldout),
-            "seconds_total": round(time.perf_counter() - start, 2),
+            "seconds_total": round(seconds_total, 2),
             "seconds_generating": round(totals.generate_s, 2),
             "seconds_training": round(totals.train_s, 2),
+            "seconds_idle": round(seconds_total - totals.generate_s - totals.train_s, 2),
         }
-        summary["seconds_idle"] = round(
-            summary["seconds_total"] - totals.generate_s - totals.train_s, 2
-        )
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
         return summary
