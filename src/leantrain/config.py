@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,12 +14,16 @@ from leantrain.errors import LeantrainError
 from leantrain.tasks.rewards import RewardWeights
 
 
-class _Strict(BaseModel):
-    # A misspelt key is an error, not a silently ignored setting.
+class Strict(BaseModel):
+    """Base of every config model: a misspelt key is an error, not a silently ignored setting."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ModelConfig(_Strict):
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+class ModelConfig(Strict):
     name: str = Field("tiny", description="Preset (`tiny`, `smollm2-135m`) or a local HF folder.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
@@ -28,7 +32,7 @@ class ModelConfig(_Strict):
     )
 
 
-class TaskConfig(_Strict):
+class TaskConfig(Strict):
     name: str = Field("arith", description="Task: arith, countdown, code or jsonl.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Task constructor options, e.g. {max_items: 16}."
@@ -42,7 +46,7 @@ class TaskConfig(_Strict):
     )
 
 
-class SamplingConfig(_Strict):
+class SamplingConfig(Strict):
     max_new_tokens: int = Field(
         320, ge=1, description="Response cap; longer responses finish with reason `length`."
     )
@@ -53,7 +57,7 @@ class SamplingConfig(_Strict):
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
 
 
-class GRPOConfig(_Strict):
+class GRPOConfig(Strict):
     prompts_per_step: int = Field(16, ge=1, description="Distinct prompts per optimizer step.")
     group_size: int = Field(
         8, ge=2, description="Responses per prompt; advantages are relative within a group."
@@ -108,7 +112,7 @@ class GRPOConfig(_Strict):
     )
 
 
-class RLConfig(_Strict):
+class RLConfig(Strict):
     """A GRPO run: `leantrain rl --config FILE` loads one of these."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -142,8 +146,15 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 
 
 def load_config(path: str | Path | None, **overrides: Any) -> RLConfig:
-    """Load a YAML config (or the defaults when `path` is None) and apply dotted overrides, e.g.
-    `load_config("configs/tiny-arith.yaml", steps=4, **{"model.name": "tiny"})`."""
+    """Load a GRPO run config (or the defaults when `path` is None) and apply dotted overrides,
+    e.g. `load_config("configs/tiny-arith.yaml", steps=4, **{"model.name": "tiny"})`."""
+    return load_settings(RLConfig, path, **overrides)
+
+
+def load_settings(cls: type[SettingsT], path: str | Path | None, **overrides: Any) -> SettingsT:
+    """Load a YAML file into the pydantic model `cls` (its defaults when `path` is None), after
+    applying dotted overrides whose value is not None. Every area's config loads through here, so
+    a bad file or field always fails the same way: a LeantrainError naming the field."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
@@ -166,6 +177,6 @@ def load_config(path: str | Path | None, **overrides: Any) -> RLConfig:
             node = node.setdefault(key, {})
         node[leaf] = value
     try:
-        return RLConfig.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as e:
         raise LeantrainError(format_validation_error(e, source)) from None

@@ -19,12 +19,14 @@ from leantrain.tasks.code import CodeTask
 from leantrain.tasks.countdown import CountdownTask
 from leantrain.tasks.jsonl import JsonlTask
 from leantrain.tasks.rewards import RewardWeights, ScoreResult, score_safely, total
+from leantrain.tasks.sentiment import SentimentTask
 
 TASKS: dict[str, type[Task]] = {
     "arith": ArithTask,
     "countdown": CountdownTask,
     "code": CodeTask,
     "jsonl": JsonlTask,
+    "sentiment": SentimentTask,
 }
 
 
@@ -75,6 +77,7 @@ __all__ = [
     "JsonlTask",
     "RewardWeights",
     "ScoreResult",
+    "SentimentTask",
     "Task",
     "check_parts",
     "length_stats",

@@ -1,0 +1,55 @@
+"""What every sub-command shares: the console, the exit-code-2 wrapper for user errors, the
+common options, and quieting library progress bars so ours is the only one on screen."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from leantrain.errors import LeantrainError
+
+console = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors_exit_2(fn: F) -> F:
+    """A `LeantrainError` (bad config, unknown preset, missing path, bad data row) prints one
+    line on stderr and exits with code 2; anything else is a bug and keeps its traceback."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LeantrainError as e:
+            Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+            raise typer.Exit(code=2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def quiet_libraries() -> None:
+    """Warnings only from libraries, no per-file progress bars from transformers, and user
+    modules (reward functions named `module:function`) importable from the working directory."""
+    import transformers
+
+    sys.path.insert(0, str(Path.cwd()))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    transformers.utils.logging.disable_progress_bar()
+
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML run config.")]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="Preset (tiny, smollm2-135m) or local HF folder."),
+]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run folder.")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed for prompts and sampling.")]
