@@ -20,6 +20,7 @@ import torch
 from filelock import FileLock
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
 from leantrain.tasks import ArithTask, Task
@@ -78,30 +79,14 @@ def ensure_tiny(recipe: WarmStartRecipe = WarmStartRecipe(), *, progress: bool =
 def _sft_chunks(
     task: Task, tokenizer: PreTrainedTokenizerBase, rng: random.Random, batch_size: int, chunks: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`batch_size` problems as `chunks` right-padded (input ids, labels) pairs, each (b, T).
-
-    Problems are sorted by length before chunking, so with a heavy-tailed length little compute
-    goes to padding. Right padding needs no attention mask in a causal model (pads come after
-    every real token), which keeps attention on its fast causal path. Labels are -100 on the
-    prompt and on padding.
-    """
-    rows = []
+    """`batch_size` problems with their worked solutions, as `chunks` padded (ids, labels)."""
+    pairs = []
     for _ in range(batch_size):
         ex = task.sample(rng)
-        prompt = tokenizer.encode(ex.prompt)
-        response = [*tokenizer.encode(ex.solution), tokenizer.eos_token_id]
-        rows.append((prompt + response, [-100] * len(prompt) + response))
-    rows.sort(key=lambda r: len(r[0]))
-    size = math.ceil(batch_size / chunks)
-    out = []
-    for start in range(0, batch_size, size):
-        part = rows[start : start + size]
-        width = max(len(ids) for ids, _ in part)
-        pad = tokenizer.pad_token_id
-        ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in part])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in part])
-        out.append((ids, labels))
-    return out
+        pairs.append(
+            (tokenizer.encode(ex.prompt), [*tokenizer.encode(ex.solution), tokenizer.eos_token_id])
+        )
+    return completion_chunks(pairs, tokenizer.pad_token_id, chunks)
 
 
 def build_tiny(out: Path, recipe: WarmStartRecipe, *, progress: bool = True) -> dict:
@@ -129,14 +114,7 @@ def build_tiny(out: Path, recipe: WarmStartRecipe, *, progress: bool = True) -> 
         job = bar.add_task("building the tiny model (one-off)", total=recipe.steps)
         for _ in range(recipe.steps):
             chunks = _sft_chunks(task, tokenizer, rng, recipe.batch_size, recipe.chunks)
-            n_tokens = sum(int((lab[:, 1:] != -100).sum()) for _, lab in chunks)
-            loss_sum = 0.0
-            for ids, labels in chunks:
-                # Mean over the chunk's target tokens, re-weighted to a mean over the whole batch.
-                n = int((labels[:, 1:] != -100).sum())
-                loss = model(input_ids=ids, labels=labels, use_cache=False).loss * (n / n_tokens)
-                loss.backward()
-                loss_sum += float(loss.detach())
+            loss_sum = backward_token_mean(model, chunks)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
