@@ -1,0 +1,368 @@
+"""ZO fine-tuning as an inference workload: MeZO's reference loop against our engine.
+
+Same model, same `sentiment` batches, same seeds, same number of steps, for both ZO targets:
+LoRA factors over the frozen base (MeZO's LoRA mode, the paper's setting) and all parameters.
+
+- Baseline (`leantrain.zo.reference.MeZOReference`): the reference code's step: global reseed,
+  `torch.normal` and an out-of-place rebinding per tensor, two padded forwards with the model's own
+  loss over full logits, `.item()`, a second reseed and per-tensor update.
+- Ours (`leantrain.zo.engine.ZOEngine`): inference mode, fused in-place moves with z regenerated
+  from the same seeds, restore fused with the update, length-sorted scoring micro-batches with
+  logits only where labels are; with LoRA every perturbed state of a step scored in one forward
+  (stacked adapters).
+
+Steps of the two sides alternate (baseline step i, our step i, ...), so a busy machine slows both
+alike; steps per second is 1 / the median step time (wall clock; the process's CPU time is
+recorded too, since on a shared machine it is less disturbed by other load). Peak memory is the
+parameters plus the peak of tensors allocated during one step (the allocation profiler on a CPU,
+the CUDA allocator on a GPU), next to a plain inference forward over the same batch. The loss
+trajectories are compared state by state. Also: first-order AdamW fine-tuning on the same task
+(memory of one step and held-out accuracy), and, unless --quick, smollm2-135m zero-shot vs ZO
+accuracy.
+
+    python benchmarks/zo_engine.py            # 200 steps per side and target, AdamW, smollm2
+    python benchmarks/zo_engine.py --quick    # under two minutes on 2 idle CPU cores
+
+Writes benchmarks/results/zo_engine.json: `speedup` (LoRA target), `peak_mem_ratio_vs_inference`
+(ours, LoRA target), `same_losses` (both targets), and details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from rich.console import Console
+from rich.table import Table
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from leantrain.models import load_model
+from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.tasks import Example, make_task
+from leantrain.zo.data import Pair, example_pairs, label_accuracy, pad_pairs, sample_batch
+from leantrain.zo.engine import ZOEngine
+from leantrain.zo.estimators import SPSA
+from leantrain.zo.lora import add_lora
+from leantrain.zo.reference import MeZOReference
+
+RESULTS = Path(__file__).parent / "results" / "zo_engine.json"
+# MeZO's settings: eps 1e-3 for full parameters, 1e-2 with LoRA (lr scaled to the tiny model).
+SETTINGS = {"lora": {"eps": 1e-2, "lr": 1e-3}, "all": {"eps": 1e-3, "lr": 1e-4}}
+SMOLLM2 = {"eps": 1e-2, "lr": 1e-4}  # MeZO's LoRA eps; lr above its 5e-5 for a short run
+# Losses of the two sides may differ only by float summation order (the loss is summed in
+# another order over micro-batches); ZO signals |L+ - L-| / L are far above this.
+SAME_LOSS_RTOL = 1e-4
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes of tensors allocated while `fn` runs, above what was allocated before."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    sizes: list[tuple[int, int]] = []  # (time, +bytes allocated / -bytes freed)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation:
+            sizes.append((node.start_time_ns, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(sizes):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+def build(base: PreTrainedModel, target: str, seed: int) -> PreTrainedModel:
+    """A fresh copy of `base` set up for `target`; the same seed gives the same LoRA init."""
+    model = copy.deepcopy(base)
+    torch.manual_seed(seed)
+    if target == "lora":
+        return add_lora(model, r=8, alpha=16, targets=["q_proj", "v_proj"])
+    return model.requires_grad_(True)
+
+
+def make_stepper(kind: str, model: PreTrainedModel, target: str, pad: int, seed: int):
+    s = SETTINGS[target]
+    if kind == "reference":
+        return MeZOReference(model, s["eps"], s["lr"], seed, pad)
+    return ZOEngine(model, SPSA(s["eps"]), s["lr"], seed, pad, batched=target == "lora")
+
+
+def race(
+    base: PreTrainedModel,
+    pad: int,
+    train: list[Pair],
+    target: str,
+    steps: int,
+    batch_size: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Both sides for `steps` alternating steps on the same batches; times, losses, models."""
+    sides = {}
+    for kind in ("reference", "ours"):
+        model = build(base, target, seed)
+        sides[kind] = {"model": model, "stepper": make_stepper(kind, model, target, pad, seed)}
+        sides[kind].update(times=[], cpu_times=[], losses=[])
+    for step in range(steps):
+        batch = sample_batch(train, batch_size, seed * 100_003 + step)
+        for side in sides.values():
+            start, cpu = time.perf_counter(), time.process_time()
+            result = side["stepper"].step(batch)
+            side["times"].append(time.perf_counter() - start)
+            side["cpu_times"].append(time.process_time() - cpu)
+            side["losses"].append(result.losses)
+    return sides
+
+
+def memory(
+    base: PreTrainedModel, pad: int, batch: list[Pair], target: str, seed: int
+) -> dict[str, int]:
+    """Peak bytes of one step of each side, and of a plain inference forward over the same batch,
+    each from a fresh copy of the model built inside the measured region (so the parameters, the
+    ones the baseline re-allocates and our z buffer all count)."""
+    device = next(base.parameters()).device
+    ids, _ = pad_pairs(batch, pad)
+    lengths = torch.tensor([len(p.prompt) + len(p.completion) for p in batch])
+    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
+
+    def run(kind: str) -> None:
+        model = build(base, target, seed)
+        if kind == "inference":
+            with torch.inference_mode():
+                model(input_ids=ids.to(device), attention_mask=mask.to(device))
+        else:
+            make_stepper(kind, model, target, pad, seed).step(batch)
+
+    out = {}
+    for kind in ("reference", "ours", "inference"):
+        run(kind)  # warm-up: lazily built kernels and caches are not the step's
+        out[kind] = peak_bytes(lambda k=kind: run(k), device)
+    return out
+
+
+def adamw(
+    base: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train: list[Pair],
+    heldout: list[Example],
+    labels: tuple[str, ...],
+    steps: int,
+    batch_size: int,
+    seed: int,
+) -> dict[str, float]:
+    """First-order fine-tuning (all parameters, AdamW lr 1e-3): peak memory of a step (grads
+    and optimizer state included) and held-out accuracy after `steps` steps."""
+    device = next(base.parameters()).device
+    model = copy.deepcopy(base).requires_grad_(True).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(index: int) -> float:
+        batch = sample_batch(train, batch_size, seed * 100_003 + index)
+        chunks = completion_chunks(
+            [(p.prompt, p.completion) for p in batch], tokenizer.pad_token_id, chunks=1
+        )
+        loss = backward_token_mean(model, chunks)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    # The model's copy is made outside the measured step: add its parameters back.
+    resident = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak = resident + peak_bytes(lambda: step(0), device)
+    start = time.perf_counter()
+    for index in range(1, steps):
+        step(index)
+    seconds = time.perf_counter() - start
+    model.eval()
+    return {
+        "peak_bytes": peak,
+        "accuracy": label_accuracy(model, tokenizer, heldout, labels),
+        "steps": steps,
+        "steps_per_s": (steps - 1) / seconds if steps > 1 else float("nan"),
+    }
+
+
+def smollm2(steps: int, batch_size: int, eval_size: int, seed: int) -> dict[str, Any]:
+    """MeZO-style LoRA ZO on smollm2-135m, `sentiment`: zero-shot vs ZO held-out accuracy."""
+    model, tokenizer = load_model("smollm2-135m")
+    task = make_task("sentiment")
+    train = example_pairs(tokenizer, task.examples(512, seed))
+    heldout = task.examples(eval_size, seed + 1_000_003)
+    zero_shot = label_accuracy(model, tokenizer, heldout, task.labels)
+    torch.manual_seed(seed)
+    model = add_lora(model, r=8, alpha=16, targets=["q_proj", "v_proj"])
+    engine = ZOEngine(
+        model, SPSA(SMOLLM2["eps"]), SMOLLM2["lr"], seed, tokenizer.pad_token_id, batched=True
+    )
+    losses = []
+    start = time.perf_counter()
+    for step in range(steps):
+        losses.append(engine.step(sample_batch(train, batch_size, seed * 100_003 + step)).loss)
+    seconds = time.perf_counter() - start
+    return {
+        "steps": steps,
+        **SMOLLM2,
+        "zero_shot_accuracy": zero_shot,
+        "zo_accuracy": label_accuracy(model, tokenizer, heldout, task.labels),
+        "eval_size": eval_size,
+        "first_losses": losses[:5],
+        "last_losses": losses[-5:],
+        "seconds": seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps (< 120 s on 2 cores)")
+    parser.add_argument("--steps", type=int, default=200, help="ZO steps per side and target")
+    parser.add_argument("--batch-size", type=int, default=16, help="MeZO's 16")
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--adamw-steps", type=int, default=200)
+    parser.add_argument("--smollm2-steps", type=int, default=100, help="0 skips smollm2-135m")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_size, args.adamw_steps, args.smollm2_steps = 12, 100, 12, 0
+    torch.set_num_threads(args.threads)
+
+    base, tokenizer = load_model("tiny", device=args.device)
+    pad = tokenizer.pad_token_id
+    task = make_task("sentiment")
+    train = example_pairs(tokenizer, task.examples(512, args.seed))
+    heldout = task.examples(args.eval_size, args.seed + 1_000_003)
+    zero_shot = label_accuracy(base, tokenizer, heldout, task.labels)
+
+    results: dict[str, dict[str, Any]] = {}
+    for target in ("lora", "all"):
+        sides = race(base, pad, train, target, args.steps, args.batch_size, args.seed)
+        ref, ours = sides["reference"], sides["ours"]
+        flat_ref = [x for step in ref["losses"] for x in step]
+        flat_ours = [x for step in ours["losses"] for x in step]
+        rel = max(abs(a - b) / abs(a) for a, b in zip(flat_ref, flat_ours, strict=True))
+        signal = statistics.median(abs(p - m) / abs(p) for p, m, *_ in ref["losses"])
+        mem = memory(base, pad, sample_batch(train, args.batch_size, 0), target, args.seed)
+        results[target] = {
+            "reference_steps_per_s": 1 / statistics.median(ref["times"]),
+            "ours_steps_per_s": 1 / statistics.median(ours["times"]),
+            "speedup_cpu_time": statistics.median(ref["cpu_times"])
+            / statistics.median(ours["cpu_times"]),
+            "reference_peak_bytes": mem["reference"],
+            "ours_peak_bytes": mem["ours"],
+            "inference_peak_bytes": mem["inference"],
+            "max_rel_loss_diff": rel,
+            "median_rel_zo_signal": signal,  # |L+ - L-| / L+, what the comparison must resolve
+            "same_losses": rel <= SAME_LOSS_RTOL,
+            "reference_losses": [step[0] for step in ref["losses"]],
+            "ours_losses": [step[0] for step in ours["losses"]],
+            "zero_shot_accuracy": zero_shot,
+            "ours_accuracy": label_accuracy(ours["model"], tokenizer, heldout, task.labels),
+        }
+        row = results[target]
+        row["speedup"] = row["ours_steps_per_s"] / row["reference_steps_per_s"]
+        row["peak_mem_ratio_vs_inference"] = row["ours_peak_bytes"] / row["inference_peak_bytes"]
+    first_order = adamw(
+        base, tokenizer, train, heldout, task.labels, args.adamw_steps, args.batch_size, args.seed
+    )
+    smol = None
+    if args.smollm2_steps:
+        smol = smollm2(args.smollm2_steps, args.batch_size, args.eval_size, args.seed)
+
+    table = Table(
+        title=f"ZO step: MeZO reference vs our engine (tiny, sentiment, {args.steps} steps)"
+    )
+    for col in (
+        "target",
+        "ref steps/s",
+        "ours steps/s",
+        "speedup",
+        "(CPU time)",
+        "ref MiB",
+        "ours MiB",
+        "inference MiB",
+        "ours / inference",
+        "max rel loss diff",
+        "acc 0-shot -> ZO",
+    ):
+        table.add_column(col, justify="right")
+    mib = 1 / 2**20
+    for target, row in results.items():
+        table.add_row(
+            target,
+            f"{row['reference_steps_per_s']:.2f}",
+            f"{row['ours_steps_per_s']:.2f}",
+            f"{row['speedup']:.2f}x",
+            f"{row['speedup_cpu_time']:.2f}x",
+            f"{row['reference_peak_bytes'] * mib:.1f}",
+            f"{row['ours_peak_bytes'] * mib:.1f}",
+            f"{row['inference_peak_bytes'] * mib:.1f}",
+            f"{row['peak_mem_ratio_vs_inference']:.2f}x",
+            f"{row['max_rel_loss_diff']:.1e}",
+            f"{row['zero_shot_accuracy']:.1%} -> {row['ours_accuracy']:.1%}",
+        )
+    console = Console(width=160)
+    console.print(table)
+    console.print(
+        f"AdamW (first order, all parameters): {first_order['peak_bytes'] * mib:.1f} MiB peak, "
+        f"accuracy {first_order['accuracy']:.1%} after {first_order['steps']} steps"
+    )
+    if smol:
+        console.print(
+            f"smollm2-135m LoRA-ZO, {smol['steps']} steps: accuracy "
+            f"{smol['zero_shot_accuracy']:.1%} zero-shot -> {smol['zo_accuracy']:.1%}"
+        )
+
+    report = {
+        "speedup": results["lora"]["speedup"],
+        "peak_mem_ratio_vs_inference": results["lora"]["peak_mem_ratio_vs_inference"],
+        "same_losses": all(r["same_losses"] for r in results.values()),
+        "targets": results,
+        "adamw": first_order,
+        "smollm2_135m": smol,
+        "config": {
+            "model": "tiny",
+            "parameters": sum(p.numel() for p in base.parameters()),
+            "task": "sentiment",
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "eval_size": args.eval_size,
+            "settings": SETTINGS,
+            "same_loss_rtol": SAME_LOSS_RTOL,
+            "quick": args.quick,
+            "threads": args.threads,
+            "device": args.device,
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

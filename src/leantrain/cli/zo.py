@@ -1,0 +1,89 @@
+"""`leantrain zo`: zeroth-order fine-tuning (MeZO family) run as an inference workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from leantrain.cli.common import (
+    ConfigOpt,
+    DeviceOpt,
+    ModelOpt,
+    OutOpt,
+    SeedOpt,
+    StepsOpt,
+    console,
+    quiet_libraries,
+    user_errors_exit_2,
+)
+from leantrain.config import load_settings
+from leantrain.errors import LeantrainError
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(zo)
+
+
+@user_errors_exit_2
+def zo(
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    steps: StepsOpt = None,
+    out: OutOpt = None,
+    device: DeviceOpt = None,
+    seed: SeedOpt = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Your JSONL: {prompt, completion} or {text} per line; replaces the config's task.",
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="inference (ours) or reference (MeZO's loop).")
+    ] = None,
+) -> None:
+    """Fine-tune with forward passes only (MeZO/SPSA); writes metrics, plot, summary and the
+    model (an HF folder) to --out."""
+    from leantrain.zo.config import ZOConfig
+
+    if data is not None and not data.is_file():
+        raise LeantrainError(f"data file not found: {data}")
+    cfg = load_settings(
+        ZOConfig,
+        config,
+        **{
+            "model.name": model,
+            "steps": steps,
+            "out": out,
+            "device": device,
+            "seed": seed,
+            "data": data,
+            "zo.engine": engine,
+        },
+    )
+    from leantrain.zo.run import ZORun  # heavy imports only once arguments are valid
+
+    quiet_libraries()
+    run = ZORun(cfg)
+    console.print(
+        f"ZO ({cfg.zo.estimator}, {cfg.zo.target}, engine {cfg.zo.engine}): model "
+        f"[bold]{cfg.model.name}[/], data [bold]{cfg.data or cfg.task.name}[/], "
+        f"{cfg.steps} steps, out {cfg.out}"
+    )
+    summary = run.run()
+    table = Table(title="leantrain zo", show_header=False)
+    for key, fmt in (("accuracy", "{:.1%}"), ("loss", "{:.4f}")):
+        if f"{key}_before" in summary:
+            before, after = summary[f"{key}_before"], summary[f"{key}_after"]
+            table.add_row(f"held-out {key} before", fmt.format(before))
+            table.add_row(f"held-out {key} after", fmt.format(after))
+    table.add_row("trainable parameters", f"{summary['trainable_parameters']:,}")
+    table.add_row("steps per second", f"{summary['steps_per_s']}")
+    table.add_row("outputs", f"{cfg.out}/metrics.jsonl, metrics.png, summary.json")
+    if summary["saved"]:
+        table.add_row("model (HF folder)", summary["saved"])
+    console.print(table)

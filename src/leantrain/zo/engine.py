@@ -1,0 +1,166 @@
+"""The inference-workload ZO engine: a MeZO-family step run with inference machinery only.
+
+No autograd (`torch.inference_mode`), no gradient buffers or optimizer state, directions
+regenerated from seeds, fused in-place moves (`directions.Directions`), and scoring through the
+batched forward of `generation.scoring` (lm_head only where labels are, no attention mask), in
+length-sorted micro-batches of at most `forward_tokens` padded tokens (on a CPU a forward that
+spills out of cache costs more per token, and sorting cuts padding). With
+LoRA targets, all perturbed states of a step are snapshots of the small adapter and are scored
+together: S states x b rows in ONE forward over the frozen base (`lora.stacked_adapters`). With
+all parameters as targets the states cannot share a forward (each is a full copy of the weights),
+so they are scored one after another, moving the weights in place between them.
+
+Same seeds, same moves and same update rule as `reference.MeZOReference`, so the two walk the
+same loss trajectory; only the machinery differs.
+
+What it does NOT know about: where batches come from, logging, checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from leantrain.errors import LeantrainError
+from leantrain.generation.scoring import label_logprobs
+from leantrain.zo.data import Pair, pad_pairs
+from leantrain.zo.directions import Directions, SeedStream, small_magnitude_masks
+from leantrain.zo.estimators import SPSA, OneSided, Plan
+from leantrain.zo.lora import lora_factors, stacked_adapters
+
+
+@dataclass
+class StepResult:
+    """What one ZO step measured: the loss of every scored state (plan order) and the projected
+    gradient of every direction (seed order)."""
+
+    losses: list[float]
+    grads: list[float]
+
+    @property
+    def loss(self) -> float:
+        """The step's training loss as MeZO logs it: the first scored state's."""
+        return self.losses[0]
+
+
+class ZOEngine:
+    """ZO steps over the trainable tensors of `model` (those with requires_grad).
+
+    Args:
+        model: an HF causal LM; wrap it with `lora.add_lora` first for LoRA-ZO.
+        estimator: `SPSA` or `OneSided` (see `estimators.py`).
+        lr: step size of theta <- theta - lr * g * z.
+        seed: seeds the direction seeds (`SeedStream`), as the reference's run seed does.
+        pad_id: padding token id.
+        batched: score all states of a step in one forward with stacked LoRA adapters (needs a
+            peft LoRA model whose trainable tensors are exactly the LoRA factors).
+        sparse_fraction: perturb only this fraction of each tensor's entries, the smallest in
+            magnitude (Sparse MeZO); None perturbs all.
+        chunk_numel: elements per fused perturbation chunk (bounds the z buffer).
+        forward_tokens: padded tokens per forward (all states together when batched). Small
+            suits a CPU (the forward stays in cache); an accelerator wants it large.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        estimator: SPSA | OneSided,
+        lr: float,
+        seed: int,
+        pad_id: int,
+        *,
+        batched: bool = False,
+        sparse_fraction: float | None = None,
+        chunk_numel: int = 1 << 18,
+        forward_tokens: int = 512,
+    ) -> None:
+        self.model = model
+        self.estimator = estimator
+        self.lr = lr
+        self.pad_id = pad_id
+        self.sparse_fraction = sparse_fraction
+        self.forward_tokens = forward_tokens
+        self.params = [p for _, p in model.named_parameters() if p.requires_grad]
+        self.directions = Directions(self.params, chunk_numel)
+        self.seeds = SeedStream(seed)
+        self.factors = lora_factors(model) if batched else []
+        if batched and [f.weight for f in self.factors] != self.params:
+            raise LeantrainError(
+                "batched scoring stacks LoRA adapters: the trainable tensors must be exactly the "
+                "LoRA factors (use target 'lora')"
+            )
+
+    @torch.inference_mode()
+    def step(self, pairs: Sequence[Pair]) -> StepResult:
+        """One ZO step on the batch `pairs`: score the plan's states, update the weights."""
+        self.model.eval()
+        seeds = self.seeds.next(self.estimator.directions)
+        plan = self.estimator.plan(seeds)
+        if self.sparse_fraction is not None:
+            self.directions.masks = small_magnitude_masks(self.params, self.sparse_fraction)
+        score = self._score_batched if self.factors else self._score_sequential
+        losses = score(plan, pairs)
+        grads = self.estimator.coefficients(losses)
+        self._return_and_update(plan, seeds, grads)
+        return StepResult(losses, grads)
+
+    def _micro_batches(
+        self, pairs: Sequence[Pair], states: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`pairs` sorted by length and cut into padded (ids, labels) micro-batches whose forward
+        (each row repeated for `states` states) holds at most `forward_tokens` tokens."""
+        chunks: list[list[Pair]] = [[]]
+        for pair in sorted(pairs, key=lambda p: len(p.prompt) + len(p.completion)):
+            width = len(pair.prompt) + len(pair.completion)  # the longest so far: sorted
+            if chunks[-1] and (len(chunks[-1]) + 1) * width * states > self.forward_tokens:
+                chunks.append([])
+            chunks[-1].append(pair)
+        return [pad_pairs(chunk, self.pad_id) for chunk in chunks]
+
+    def _score_sequential(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
+        """Move the weights to each state in turn and score it."""
+        batches = self._micro_batches(pairs, 1)
+        losses = []
+        for moves in plan.moves:
+            for seed, scale in moves:
+                self.directions.move_(seed, scale, self.estimator.eps)
+            sums = [label_logprobs(self.model, ids, labels) for ids, labels in batches]
+            logp = torch.stack([lp.sum() for lp, _ in sums]).sum()  # one host sync per state
+            losses.append(float(-logp / sum(n.sum() for _, n in sums)))
+        return losses
+
+    def _score_batched(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
+        """Snapshot the adapter at each state into stacks, then score all states together: each
+        forward runs the same micro-batch of rows once per state."""
+        states = len(plan.moves)
+        stacks = [p.new_empty((states, *p.shape)) for p in self.params]  # (S, out, in) each
+        for k, moves in enumerate(plan.moves):
+            for seed, scale in moves:
+                self.directions.move_(seed, scale, self.estimator.eps)
+            for stack, p in zip(stacks, self.params, strict=True):
+                stack[k].copy_(p)
+        logp = torch.zeros(states, dtype=torch.float64)
+        count = 0
+        with stacked_adapters(self.factors, stacks):
+            for ids, labels in self._micro_batches(pairs, states):
+                sums, n = label_logprobs(
+                    self.model, ids.repeat(states, 1), labels.repeat(states, 1)
+                )
+                logp += sums.view(states, -1).sum(-1).double().cpu()  # (S,)
+                count += int(n.view(states, -1)[0].sum())
+        return (-logp / count).tolist()
+
+    def _return_and_update(self, plan: Plan, seeds: list[int], grads: list[float]) -> None:
+        """Move back to the current weights and take the update, last direction first; the last
+        move back and that direction's update share one draw of z."""
+        *moves, (last_seed, last_scale) = plan.back
+        for seed, scale in moves:
+            self.directions.move_(seed, scale, self.estimator.eps)
+        for seed, g in reversed(list(zip(seeds, grads, strict=True))):
+            if seed == last_seed:
+                self.directions.move_and_update_(seed, last_scale, self.estimator.eps, g, self.lr)
+            else:
+                self.directions.update_(seed, g, self.lr)
