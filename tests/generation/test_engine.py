@@ -1,8 +1,8 @@
 """Correctness of the rollout engine against Hugging Face `generate` and fresh forward passes.
 
-The model is a random-init tiny Llama with a wide init (std 0.3) so greedy margins are not
-degenerate: `hf_greedy` checks the top two logits differ by > 1e-4 along every reference path,
-far above the ~1e-6 that left padding and batching perturb them by.
+The model (conftest.py) is a random-init tiny Llama with a wide init (std 0.3) so greedy margins
+are not degenerate: `hf_greedy` checks the top two logits differ by > 1e-4 along every reference
+path, far above the ~1e-6 that left padding and batching perturb them by.
 """
 
 from __future__ import annotations
@@ -15,47 +15,6 @@ import torch
 from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from leantrain.generation import Completion, Engine, SamplingParams, sample
-from leantrain.models.tiny_config import tiny_config
-from leantrain.models.tokenizer import build_byte_tokenizer
-
-TEXTS = [
-    "sum 3 5 2 7\n",
-    "hi",
-    "sum 1 2 3 4 5 6 7 8 9 1 2 3\n",
-    "x",
-    "hello world, how are you",
-    "ab",
-    "The quick brown fox",
-    "0123456789",
-]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    # Ops on a 1 M-parameter model take microseconds; a second intra-op thread only adds
-    # fan-out cost, and on a busy 2-core machine OpenMP spin-waits turn microseconds into ms.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_byte_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    torch.manual_seed(0)
-    config = tiny_config(tok)
-    config.initializer_range = 0.3
-    return LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts(tok):
-    return [tok.encode(t) for t in TEXTS]
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:

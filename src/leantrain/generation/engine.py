@@ -11,15 +11,27 @@ joined to the running batch (left-padded to align with its cache), so a long res
 a batch of finished ones hostage. Newcomers are admitted once a quarter of the slots are free:
 each admission costs one prefill forward.
 
+KV-cache budget (optional `max_cache_tokens`): a sequence is admitted only if the batch's cache
+could never pass the budget, even if every row ran to `max_new_tokens`. The cache is a padded
+rectangle (rows x the longest row), so the check is on rows x max(prompt + max_new_tokens);
+a long tail waits in the queue instead of running out of memory.
+
+Speculative decoding (optional `speculator`, see generation/speculative.py): in the long tail
+a drafter proposes k tokens per row, one forward over [last token, drafts] verifies them, and
+each row keeps its accepted prefix. Rows accept different counts, so a rejected column is masked
+out in its row (a hole: never attended, its key already carries the right position) and only the
+columns no row kept are cut from the cache.
+
 What it does NOT know about: tokenization beyond decoding a response's tail to match stop
 strings (prompts arrive as ids, chat templates are the caller's), rewards and tasks, training,
-policy versions and weight sync, speculative decoding.
+policy versions and weight sync, how drafts are made.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +44,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
+from leantrain.generation.bandit import Arm
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import SamplingParams, sample
+from leantrain.generation.speculative import Speculator, verify
 
 FinishReason = Literal["eos", "stop", "length"]
 
@@ -71,18 +85,14 @@ class _Seq:
     hidden_rows: list[int] = field(default_factory=list)  # rows of the stacked per-step hiddens
     finish_reason: FinishReason | None = None
 
-    @property
-    def cached(self) -> int:
-        """Tokens in the KV cache: all but the last sampled one, which is fed at the next step."""
-        return len(self.prompt_ids) + len(self.response_ids) - 1
-
 
 @dataclass
 class _Batch:
     """The live sequences and their shared KV cache.
 
-    Rows are right-aligned: row i's cached tokens fill the last `seqs[i].cached` columns of the
-    cache and of `mask`, with left padding before them. Invariant: mask.shape[1] == cache length.
+    Rows are right-aligned: row i's cached tokens (all but its last sampled one) end at the last
+    column of the cache and of `mask`, with left padding before them and, after speculative
+    steps, masked holes among them. Invariant: mask.shape[1] == cache length.
     """
 
     seqs: list[_Seq]
@@ -102,8 +112,8 @@ class _Batch:
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows`, then trim leading columns that are padding in every kept row."""
         self.seqs = [self.seqs[i] for i in rows]
-        start = self.mask.shape[1] - max(s.cached for s in self.seqs)
         index = torch.tensor(rows, device=self.mask.device)
+        start = int(self.mask[index].any(0).long().argmax())  # first column some row uses
         for layer in self.cache.live_layers():
             layer.select(index, start)
         self.mask = self.mask[index, start:]
@@ -117,6 +127,10 @@ class Engine:
         model: any HF causal LM; it runs on its own device and dtype.
         tokenizer: used for `eos_token_id` and to decode response tails for stop strings.
         max_batch_size: most sequences decoding at once.
+        max_cache_tokens: KV-cache token budget (cached tokens summed over rows, padding
+            included); None = unbounded. Admission reserves prompt + max_new_tokens per row.
+        speculator: speculative decoding in the long tail; None decodes one token per step.
+            Its statistics for the last `generate` call are in `speculator.stats`.
     """
 
     def __init__(
@@ -124,11 +138,22 @@ class Engine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         max_batch_size: int = 16,
+        max_cache_tokens: int | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise LeantrainError(
                 f"Engine.max_batch_size must be an int >= 1, got {max_batch_size!r}"
             )
+        if max_cache_tokens is not None and (
+            not isinstance(max_cache_tokens, int) or max_cache_tokens < 1
+        ):
+            raise LeantrainError(
+                f"Engine.max_cache_tokens must be an int >= 1 or None, got {max_cache_tokens!r}"
+            )
+        self.max_cache_tokens = max_cache_tokens
+        # Largest KV cache (rows x columns) the last `generate` call held: what the budget bounds.
+        self.peak_cache_tokens = 0
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -138,7 +163,8 @@ class Engine:
         accepted = inspect.signature(model.forward).parameters
         # transformers >= 5.x renamed `past_key_values` to `cache` and deprecates the old name.
         self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
-        self._keep_last = {"logits_to_keep": 1} if "logits_to_keep" in accepted else {}
+        self._logits_to_keep = "logits_to_keep" in accepted
+        self.speculator = speculator
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
@@ -181,17 +207,30 @@ class Engine:
                 )
         if not prompts:
             return []
+        if self.max_cache_tokens is not None:
+            longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+            if len(prompts[longest]) + params.max_new_tokens > self.max_cache_tokens:
+                raise LeantrainError(
+                    f"prompts[{longest}] ({len(prompts[longest])} tokens) plus max_new_tokens "
+                    f"({params.max_new_tokens}) exceeds Engine.max_cache_tokens "
+                    f"({self.max_cache_tokens}); raise the budget or shorten the prompt"
+                )
+        self.peak_cache_tokens = 0
         generator = torch.Generator(device=self.device)
         if seed is None:
             generator.seed()
         else:
             generator.manual_seed(seed)
         seqs = [_Seq(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
+        spec = self.speculator
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode())
             stack.enter_context(_eval_mode(self.model))
-            if return_hidden_states:
+            if return_hidden_states or (spec is not None and spec.needs_hidden):
                 stack.enter_context(self._capture_lm_head_input())
+            if spec is not None:
+                spec.begin(seqs)
+                stack.callback(spec.end)
             on_finish = None
             if progress:
                 columns = Progress.get_default_columns()[:1]
@@ -200,8 +239,9 @@ class Engine:
                 )
                 task = bar.add_task("rollouts", total=len(seqs))
                 on_finish = partial(bar.advance, task)
-            step_hidden = self._run(seqs, params, generator, on_finish)
-        flat = torch.cat(step_hidden) if step_hidden else None  # (total response tokens, H)
+            hiddens = _HiddenLog(keep=return_hidden_states)
+            self._run(seqs, params, generator, on_finish, hiddens)
+        flat = torch.cat(hiddens.parts) if hiddens.parts else None  # (logged rows, H)
         return [
             Completion(
                 prompt_ids=s.prompt_ids,
@@ -219,19 +259,25 @@ class Engine:
         params: SamplingParams,
         generator: torch.Generator,
         on_finish: Callable[[], object] | None,
-    ) -> list[torch.Tensor]:
-        """Decode `seqs` to the end, filling them in place; returns the per-step (B, H) hiddens
-        (`_Seq.hidden_rows` index their concatenation)."""
+        hiddens: _HiddenLog,
+    ) -> None:
+        """Decode `seqs` to the end, filling them in place and logging hiddens in `hiddens`."""
         queue = deque(seqs)
         batch: _Batch | None = None
         logits = hidden = None  # (B, V) next-token logits, (B, H) hiddens of the live rows
-        step_hidden: list[torch.Tensor] = []
-        flat_rows = 0  # rows in step_hidden so far
+        # (B,) tokens and logprobs a speculative rejection already drew for the next step (-1:
+        # none, sample from `logits`); None when no row has one.
+        forced: tuple[torch.Tensor, torch.Tensor] | None = None
         stop_window = max((len(s.encode()) for s in params.stop), default=0) + 1
         while True:
-            free = self.max_batch_size - (len(batch.seqs) if batch else 0)
+            live = batch.seqs if batch else []
+            free = self.max_batch_size - len(live)
             if queue and free >= min(self.min_admit, len(queue)):
-                newcomers = [queue.popleft() for _ in range(min(free, len(queue)))]
+                admit = self._admissible(live, queue, free, params.max_new_tokens)
+                newcomers = [queue.popleft() for _ in range(admit)]
+            else:
+                newcomers = []
+            if newcomers:
                 new, new_logits, new_hidden = self._prefill(newcomers)
                 if batch is None:
                     batch, logits, hidden = new, new_logits, new_hidden
@@ -239,32 +285,137 @@ class Engine:
                     batch.extend(new)
                     logits = torch.cat([logits, new_logits])
                     hidden = None if hidden is None else torch.cat([hidden, new_hidden])
+                    if forced is not None:
+                        none = torch.full((len(newcomers),), -1, device=logits.device)
+                        forced = (torch.cat([forced[0], none]), torch.cat([forced[1], none]))
             if batch is None:
-                return step_hidden
+                return
+            self.peak_cache_tokens = max(self.peak_cache_tokens, batch.mask.numel())
             tokens, logprobs = sample(logits, params, generator)
-            if hidden is not None:
-                step_hidden.append(hidden)
+            if forced is not None:
+                tokens = torch.where(forced[0] >= 0, forced[0], tokens)
+                logprobs = torch.where(forced[0] >= 0, forced[1], logprobs)
+            base = hiddens.add(hidden, len(batch.seqs))
             # The one device->host sync per step: tokens and logprobs travel together (fp64 holds
             # every token id exactly).
             host_tokens, host_logprobs = torch.stack([tokens.double(), logprobs.double()]).tolist()
             keep = []
             for i, seq in enumerate(batch.seqs):
-                seq.response_ids.append(int(host_tokens[i]))
-                seq.logprobs.append(host_logprobs[i])
-                seq.hidden_rows.append(flat_rows + i)
-                seq.finish_reason = self._finish_reason(seq, params, stop_window)
-                if seq.finish_reason is None:
+                if self._append(
+                    seq, int(host_tokens[i]), host_logprobs[i], base + i, params, stop_window
+                ):
                     keep.append(i)
                 elif on_finish is not None:
                     on_finish()
-            flat_rows += len(batch.seqs)
             if not keep:
-                batch = logits = hidden = None
+                batch = logits = hidden = forced = None
                 continue
             if len(keep) < len(batch.seqs):
                 batch.keep(keep)
-                tokens = tokens[torch.tensor(keep, device=tokens.device)]
+                index = torch.tensor(keep, device=tokens.device)
+                tokens = tokens[index]
+                hidden = None if hidden is None else hidden[index]
+            arm = self.speculator.choose(len(keep), len(queue)) if self.speculator else None
+            if arm is not None and arm.k > 0:
+                batch, logits, hidden, forced = self._speculate(
+                    arm, batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
+                )
+                continue
             logits, hidden = self._decode(batch, tokens)
+            forced = None
+            if arm is not None:  # the bandit's no-speculation arm: a plain step, timed
+                self.speculator.record(emitted=len(keep))
+
+    def _speculate(
+        self,
+        arm: Arm,
+        batch: _Batch,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor | None,
+        params: SamplingParams,
+        generator: torch.Generator,
+        hiddens: _HiddenLog,
+        on_finish: Callable[[], object] | None,
+        stop_window: int,
+    ) -> tuple[_Batch | None, torch.Tensor | None, torch.Tensor | None, tuple | None]:
+        """One speculative step after `tokens` (B,) were sampled: draft with `arm`, feed [token,
+        drafts] in one forward, keep each row's accepted prefix (its tokens join the responses).
+
+        Returns the batch (None if every row finished), the next logits (B, V), hiddens (B, H)
+        and forced tokens, as `_run` keeps them.
+        """
+        spec = self.speculator
+        draft = spec.propose(arm, batch.seqs, hidden, params, generator).to(tokens.device)
+        fed = torch.cat([tokens[:, None], draft.tokens], 1)  # (B, k+1)
+        all_logits, all_hidden = self._feed(batch, fed)  # (B, k+1, V), (B, k+1, H) or None
+        verdict = verify(all_logits, draft, params, generator)
+        self._rollback(batch, fed.shape[1], verdict.accepted + 1)
+        n = fed.shape[1]
+        base = hiddens.add(None if all_hidden is None else all_hidden.flatten(0, 1), n * len(fed))
+        host = torch.cat(
+            [verdict.accepted[:, None], draft.tokens, verdict.accepted_logprobs], 1
+        ).double()  # (B, 1 + 2k), one device->host sync
+        keep, appended = [], 0
+        for i, (seq, row) in enumerate(zip(batch.seqs, host.tolist(), strict=True)):
+            k = draft.tokens.shape[1]
+            for j in range(int(row[0])):
+                appended += 1
+                if not self._append(
+                    seq, int(row[1 + j]), row[1 + k + j], base + i * n + j, params, stop_window
+                ):
+                    break
+            if seq.finish_reason is None:
+                keep.append(i)
+            elif on_finish is not None:
+                on_finish()
+        spec.record(
+            emitted=len(fed) + appended,
+            accepted=appended,
+            drafted=int(draft.lengths.sum()),
+            rows=len(fed),
+        )
+        if not keep:
+            return None, None, None, None
+        rows = torch.arange(len(fed), device=fed.device)
+        next_hidden = None if all_hidden is None else all_hidden[rows, verdict.accepted]
+        logits, forced = verdict.next_logits, (verdict.forced, verdict.forced_logprobs)
+        if len(keep) < len(fed):
+            batch.keep(keep)
+            index = torch.tensor(keep, device=fed.device)
+            logits, forced = logits[index], (forced[0][index], forced[1][index])
+            next_hidden = None if next_hidden is None else next_hidden[index]
+        return batch, logits, next_hidden, forced
+
+    def _append(
+        self,
+        seq: _Seq,
+        token: int,
+        logprob: float,
+        hidden_row: int,
+        params: SamplingParams,
+        stop_window: int,
+    ) -> bool:
+        """Add one sampled token to `seq`; True while it goes on, False once it finished."""
+        seq.response_ids.append(token)
+        seq.logprobs.append(logprob)
+        seq.hidden_rows.append(hidden_row)
+        seq.finish_reason = self._finish_reason(seq, params, stop_window)
+        return seq.finish_reason is None
+
+    def _admissible(self, live: list[_Seq], queue: deque[_Seq], free: int, max_new: int) -> int:
+        """How many queued sequences, from the front, may join `live` now: at most `free`, and
+        under `max_cache_tokens` the padded cache, rows x max(prompt + max_new_tokens), must fit
+        (FIFO: the first that does not fit waits, so long prompts are not starved)."""
+        if self.max_cache_tokens is None:
+            return min(free, len(queue))
+        longest = max((len(s.prompt_ids) + max_new for s in live), default=0)
+        count = 0
+        for seq in itertools.islice(queue, free):
+            longest = max(longest, len(seq.prompt_ids) + max_new)
+            if (len(live) + count + 1) * longest > self.max_cache_tokens:
+                break
+            count += 1
+        return count
 
     @contextlib.contextmanager
     def _capture_lm_head_input(self) -> Iterator[None]:
@@ -290,11 +441,16 @@ class Engine:
             handle.remove()
             self._lm_head_input = None
 
-    def _forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One model call: last-position logits (B, V) and, when captured, hiddens (B, H)."""
-        out = self.model(use_cache=True, **self._keep_last, **inputs)
+    def _forward(
+        self, keep: int = 1, **inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One model call: logits (B, keep, V) of the last `keep` positions and, when captured,
+        their hiddens (B, keep, H)."""
+        out = self.model(
+            use_cache=True, **({"logits_to_keep": keep} if self._logits_to_keep else {}), **inputs
+        )
         hidden = self._lm_head_input
-        return out.logits[:, -1], None if hidden is None else hidden[:, -1]
+        return out.logits[:, -keep:], None if hidden is None else hidden[:, -keep:]
 
     def _prefill(self, seqs: list[_Seq]) -> tuple[_Batch, torch.Tensor, torch.Tensor | None]:
         """Run the prompts of `seqs` left-padded in one forward into a fresh cache."""
@@ -312,21 +468,40 @@ class Engine:
             position_ids=position_ids,
             **{self._cache_kwarg: cache},
         )
-        return _Batch(seqs, cache, mask, lengths), logits, hidden
+        return _Batch(seqs, cache, mask, lengths), logits[:, -1], _last(hidden)
 
     def _decode(
         self, batch: _Batch, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed each row's last sampled token (B,); the cache and mask grow by one column."""
-        batch.mask = F.pad(batch.mask, (0, 1), value=1)  # (B, T + 1)
-        logits, hidden = self._forward(
-            input_ids=tokens[:, None],
+        logits, hidden = self._feed(batch, tokens[:, None])
+        batch.positions = batch.positions + 1
+        return logits[:, -1], _last(hidden)
+
+    def _feed(self, batch: _Batch, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed (B, n) tokens after each row's cache: logits (B, n, V), hiddens (B, n, H) or
+        None. The cache and mask grow by n columns; `positions` is the caller's to advance."""
+        n = ids.shape[1]
+        batch.mask = F.pad(batch.mask, (0, n), value=1)  # (B, T + n)
+        return self._forward(
+            keep=n,
+            input_ids=ids,
             attention_mask=batch.mask,
-            position_ids=batch.positions[:, None],
+            position_ids=batch.positions[:, None] + torch.arange(n, device=ids.device),
             **{self._cache_kwarg: batch.cache},
         )
-        batch.positions = batch.positions + 1
-        return logits, hidden
+
+    def _rollback(self, batch: _Batch, fed: int, kept: torch.Tensor) -> None:
+        """After `_feed` of `fed` columns, row i keeps the first kept[i] (B,) of them: the rest
+        become holes in its mask, the columns no row keeps leave the cache, positions advance."""
+        width = batch.mask.shape[1]
+        new = torch.arange(fed, device=kept.device) < kept[:, None]  # (B, fed)
+        batch.mask[:, width - fed :] = new.long()
+        unused = fed - int(kept.max())
+        if unused:
+            batch.cache.crop(-unused)
+            batch.mask = batch.mask[:, : width - unused]
+        batch.positions = batch.positions + kept
 
     def _finish_reason(
         self, seq: _Seq, params: SamplingParams, stop_window: int
@@ -347,6 +522,29 @@ class Engine:
         if len(seq.response_ids) >= params.max_new_tokens:
             return "length"
         return None
+
+
+@dataclass
+class _HiddenLog:
+    """Hidden states of every forward, in order; `_Seq.hidden_rows` index their concatenation.
+    With `keep` False only the row count advances (nothing is stored)."""
+
+    keep: bool
+    parts: list[torch.Tensor] = field(default_factory=list)
+    rows: int = 0
+
+    def add(self, hidden: torch.Tensor | None, n: int) -> int:
+        """Log n rows ((n, H) hiddens, or None when not captured); returns the first's index."""
+        first = self.rows
+        if self.keep and hidden is not None:
+            self.parts.append(hidden)
+        self.rows += n
+        return first
+
+
+def _last(hidden: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, H) hiddens of the last position of (B, n, H) ones (None stays None)."""
+    return None if hidden is None else hidden[:, -1]
 
 
 @contextlib.contextmanager

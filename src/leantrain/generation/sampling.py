@@ -84,10 +84,33 @@ def sample(
         tokens = logits.argmax(-1)
         logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
         return tokens, logprobs
-    logp = (logits / params.temperature).log_softmax(-1)  # (B, V), the behaviour distribution
+    probs, logp = sampling_distribution(logits, params)
+    tokens = inverse_cdf(probs, generator)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sampling_distribution(
+    logits: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution `sample` draws from, and the behaviour logprobs it reports.
+
+    Args:
+        logits: (..., V) next-token logits.
+
+    Returns:
+        probs (..., V) fp32: after temperature, top-k and top-p (one-hot on the argmax when
+        greedy); logp (..., V) fp32: `log_softmax(logits / temperature)` before filtering
+        (temperature 1 when greedy). Speculative decoding verifies drafts against `probs`.
+    """
+    logits = logits.float()
+    if params.greedy:
+        logp = logits.log_softmax(-1)
+        probs = torch.zeros_like(logp).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return probs, logp
+    logp = (logits / params.temperature).log_softmax(-1)  # the behaviour distribution
     kept = logp
     if 0 < params.top_k < logp.shape[-1]:
-        kth = logp.topk(params.top_k, dim=-1).values[:, -1:]  # (B, 1)
+        kth = logp.topk(params.top_k, dim=-1).values[..., -1:]
         kept = kept.masked_fill(kept < kth, -math.inf)
     if params.top_p < 1:
         # Sort descending and drop a token once the mass strictly before it reaches top_p; the
@@ -96,12 +119,12 @@ def sample(
         drop_sorted = probs.cumsum(-1) - probs >= params.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         kept = kept.masked_fill(drop, -math.inf)
-    tokens = _inverse_cdf(kept.softmax(-1), generator)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    return kept.softmax(-1), logp
 
 
-def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of (B, V) `probs`: the first token whose cumulative mass exceeds a uniform.
+def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of (B, V) `probs` (need not sum to 1): the first token whose cumulative
+    mass exceeds a uniform draw scaled to the row's total.
 
     Needs one random number per row, where `torch.multinomial` (and the exponential race) draw
     per vocabulary entry: 10-20x faster on CPU, where random numbers are slow.

@@ -1,0 +1,202 @@
+"""Long-tail speculative decoding (TLT): the rollout phase of a GRPO step with and without
+adaptive speculation, on the same policy, prompts and seed.
+
+One `GRPORun` on the `arith` task provides the policy, the prompts (`prompts_per_step` x
+`group_size`) and the sampling (temperature 0.7, as RL samples). Each repeat times its rollout
+phase twice, alternating which side goes first: plainly (the engine as is) and with `LongTail`
+speculation (suffix + cached warm-started EAGLE drafters, bandit-chosen draft length, only while
+at most `threshold` sequences are live). Before timing, `--warmup` untimed speculative rollouts
+of other prompts stand for the earlier RL steps whose rewards the bandit has already seen.
+Reported:
+
+- rollout phase wall time, and its tail: from the first step with an empty queue and at most
+  `threshold` live sequences to the end (timed the same way on both sides);
+- mean acceptance length (accepted drafts + 1 per verified row-step);
+- the end-to-end RL step: rollout + scoring + one timed policy update (the update is the same
+  on both sides, so it is measured once, after all rollouts, to keep the policy fixed for them);
+- greedy_identical: greedy rollouts with and without speculation match token for token.
+
+The drafter is not trained online here (`train_drafter` off): on a 2-core CPU a background
+trainer takes cores from the rollout it is timed against; TLT trains on otherwise idle GPUs.
+
+    python benchmarks/long_tail_sd.py                  # smollm2-135m, 8 prompts x 4, 3 repeats
+    python benchmarks/long_tail_sd.py --quick          # 4 prompts x 4, 1 repeat, < 180 s
+    python benchmarks/long_tail_sd.py --model tiny     # the tiny model beside it
+
+Writes benchmarks/results/long_tail_sd.json (other models: long_tail_sd_<model>.json) with keys
+`model`, `tail_speedup`, `rollout_speedup`, `mean_accept_len`, `greedy_identical`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from leantrain.config import load_config
+from leantrain.generation import Engine, SamplingParams
+from leantrain.generation.long_tail import LongTail
+from leantrain.generation.speculative import SpeculativeConfig, Speculator
+from leantrain.models import encode_prompt
+from leantrain.rl.grpo import GRPORun
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Rollout:
+    """One timed rollout phase."""
+
+    seconds: float
+    tail_s: float
+    tokens: int
+    tail_tokens: int
+    accept_len: float
+    sample: tuple  # (examples, completions), for the policy update
+
+
+def timed_rollout(run: GRPORun, step: int) -> Rollout:
+    """One rollout phase with whatever speculator `run.engine` holds."""
+    start = time.perf_counter()
+    sample = run.sample(step)
+    seconds = time.perf_counter() - start
+    s = run.engine.speculator.stats
+    return Rollout(seconds, s.tail_s, s.tokens, s.tail_tokens, s.mean_accept_len, sample)
+
+
+def ratio(values: dict[str, float]) -> float | None:
+    """plain / speculative, None if either side is 0 (e.g. a rollout that never had a tail)."""
+    return values["plain"] / values["speculative"] if min(values.values()) > 0 else None
+
+
+def greedy_identical(run: GRPORun, speculator: Speculator, prompts: int, max_new: int) -> bool:
+    """Greedy rollouts of `prompts` held-out problems match with and without speculation."""
+    ids = [encode_prompt(run.tokenizer, ex.prompt) for ex in run.heldout[:prompts]]
+    params = SamplingParams(max_new_tokens=max_new, temperature=0)
+    plain = Engine(run.model, run.tokenizer, max_batch_size=len(ids)).generate(ids, params)
+    spec = Engine(run.model, run.tokenizer, max_batch_size=len(ids), speculator=speculator)
+    fast = spec.generate(ids, params)
+    return [c.response_ids for c in plain] == [c.response_ids for c in fast]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="preset or HF folder")
+    parser.add_argument("--quick", action="store_true", help="4 prompts x 4, one repeat")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per RL step")
+    parser.add_argument("--group-size", type=int, default=4, help="responses per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--threshold", type=int, default=8, help="speculate at <= this many live")
+    parser.add_argument(
+        "--draft-lengths", type=int, nargs="+", default=[0, 2, 4, 6], help="bandit arms (0: off)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="untimed speculative rollouts before (bandit)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.repeats = 4, 1
+    torch.set_num_threads(args.threads)
+    name = args.model.replace("/", "_")
+    out = args.out or RESULTS / (
+        "long_tail_sd.json" if args.model == "smollm2-135m" else f"long_tail_sd_{name}.json"
+    )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config(
+            None,
+            **{
+                "model.name": args.model,
+                "device": "cpu",
+                "out": Path(tmp) / "run",
+                "grpo.prompts_per_step": args.prompts,
+                "grpo.group_size": args.group_size,
+                "sampling.max_new_tokens": args.max_new_tokens,
+                "sampling.temperature": args.temperature,
+                "max_batch_size": args.prompts * args.group_size,
+                "task.eval_size": 8,
+            },
+        )
+        run = GRPORun(config, progress=False)
+        spec_config = SpeculativeConfig(
+            enabled=True, threshold=args.threshold, draft_lengths=args.draft_lengths
+        )
+        long_tail = LongTail(spec_config, run.model, run.tokenizer, args.model)
+        # The plain side times its tail with a disabled speculator (same threshold, no drafts).
+        observer = Speculator(spec_config.model_copy(update={"enabled": False}), {})
+        identical = greedy_identical(run, long_tail.speculator, 8, 64 if args.quick else 128)
+
+        # In a run the bandit carries what it learnt from step to step; an untimed rollout
+        # (an earlier RL step, other prompts) lets it stop exploring blindly, as it would have.
+        run.engine.speculator = long_tail.speculator
+        for step in range(1, args.warmup + 1):
+            run.sample(step)
+        runs: dict[str, list] = {"plain": [], "speculative": []}
+        sides = {"plain": observer, "speculative": long_tail.speculator}
+        for rep in range(args.repeats):
+            order = list(sides) if rep % 2 == 0 else list(reversed(sides))
+            for side in order:
+                run.engine.speculator = sides[side]
+                runs[side].append(timed_rollout(run, step=0))
+        start = time.perf_counter()
+        trajectories = run.score(*runs["plain"][0].sample)
+        run.train_step(trajectories)
+        update_s = time.perf_counter() - start
+
+    def median(field: str) -> dict[str, float]:
+        return {side: statistics.median(getattr(r, field) for r in runs[side]) for side in runs}
+
+    rollout, tail, tokens, tail_tokens = (
+        median(f) for f in ("seconds", "tail_s", "tokens", "tail_tokens")
+    )
+    accept = median("accept_len")["speculative"]
+    step = {side: rollout[side] + update_s for side in runs}
+    # Sampling draws different responses on the two sides (lossless in distribution, not in
+    # path), so tail lengths differ; tokens per second in the tail is the steadier figure.
+    tail_rate = {side: tail_tokens[side] / tail[side] if tail[side] else 0.0 for side in runs}
+    report = {
+        "model": args.model,
+        "tail_speedup": ratio(tail),
+        "rollout_speedup": ratio(rollout),
+        "mean_accept_len": accept,
+        "greedy_identical": identical,
+    }
+
+    table = Table(title=f"long-tail speculation ({args.model}, {args.prompts}x{args.group_size})")
+    for col in ("", "plain", "speculative", "speedup"):
+        table.add_column(col, justify="right")
+    rows = (
+        ("rollout phase s", rollout, ratio(rollout)),
+        (f"tail (<= {args.threshold} live) s", tail, ratio(tail)),
+        ("RL step s (rollout + update)", step, ratio(step)),
+        ("tail tokens/s", tail_rate, None if ratio(tail_rate) is None else 1 / ratio(tail_rate)),
+        ("tokens", tokens, None),
+        ("tokens in the tail", tail_tokens, None),
+    )
+    for label, values, speedup in rows:
+        cells = [f"{values[side]:.2f}" for side in ("plain", "speculative")]
+        table.add_row(label, *cells, "" if speedup is None else f"{speedup:.2f}x")
+    Console().print(table)
+    print(
+        f"mean acceptance length {accept:.2f}; greedy identical: {identical}; policy update "
+        f"{update_s:.1f} s; arms chosen: {long_tail.speculator.stats.arms}"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
