@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leantrain.errors import LeantrainError
 from leantrain.tasks.rewards import RewardWeights
@@ -112,6 +113,117 @@ class GRPOConfig(Strict):
     )
 
 
+class OrchestratorConfig(Strict):
+    """How rollouts and training meet (rl/orchestrator.py). The defaults are the synchronous run."""
+
+    mode: Literal["sync", "async", "partial"] = Field(
+        "sync",
+        description="sync: generate, then train, in turn. async: rollouts of later steps are "
+        "generated while the trainer trains, each batch on one policy version it keeps to the "
+        "end. partial: like async, but in-flight sequences switch to newly published weights "
+        "at segment boundaries (fresher data, mixed versions per trajectory).",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="k: a batch trained at step s was started on version >= s - k. Larger k "
+        "hides more generation time behind training but trains on older data; 0 is sync.",
+    )
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="local: rollout threads in this process (torch threads split with the "
+        "trainer). ray: rollout worker actors, weights through the object store.",
+    )
+    ray_address: str | None = Field(
+        None, description="Ray cluster address; None starts a local Ray on this machine."
+    )
+    rollout_workers: int = Field(
+        1, ge=1, description="Rollout workers (threads or actors), each holding one version."
+    )
+    rollout_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch threads of each rollout worker. local: torch's count is per process, "
+        "so it is the trainer's too; None shares the threads evenly between the trainer and the "
+        "workers. ray: each actor's (None: 1), taken off the trainer's on a local Ray.",
+    )
+    off_policy: Literal["none", "decoupled", "tis"] = Field(
+        "decoupled",
+        description="Correction for stale samples (async/partial only). decoupled: AReaL's "
+        "decoupled PPO, clip around the trainer's current policy, times a capped importance "
+        "weight to the behaviour policy (one extra no-grad forward). tis: truncated importance "
+        "sampling, min(pi/behaviour, cap) times the advantage, no clip, no extra forward. "
+        "none: PPO ratio against the behaviour logprobs, as in sync.",
+    )
+    is_cap: float = Field(
+        5.0, gt=0.0, description="Cap on the importance weight (AReaL uses 5; TRL's cap is 3)."
+    )
+    segment_tokens: int = Field(
+        32,
+        ge=1,
+        description="partial mode: tokens decoded between checks for new weights. Smaller "
+        "switches sooner but re-prefills in-flight sequences more often.",
+    )
+    timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        description="Longest wait for anything (a batch, a weight version, an actor call) "
+        "before the stalled party is reported and recovered or the run stops.",
+    )
+    max_restarts: int = Field(
+        3, ge=0, description="Rollout workers replaced after a crash or stall before giving up."
+    )
+
+
+DrafterType = Literal["suffix", "eagle"]
+
+
+class SpeculativeConfig(Strict):
+    """Speculative decoding in the rollouts' long tail (generation/speculative.py, TLT)."""
+
+    enabled: bool = Field(
+        False, description="Speculate in the long tail. Lossless, so it only changes speed."
+    )
+    threshold: int = Field(
+        8,
+        ge=1,
+        description="Speculate only while at most this many sequences are live. Above it a "
+        "batched step already keeps the hardware busy and verifying drafts costs real compute "
+        "(TLT uses 32 on GPUs; on a CPU the break-even batch is smaller).",
+    )
+    draft_lengths: list[int] = Field(
+        [2, 4, 6],
+        min_length=1,
+        description="Draft lengths the bandit chooses from (0 = an arm that does not "
+        "speculate). Longer drafts win when acceptance is high and lose when it is not.",
+    )
+    drafters: list[str] = Field(
+        ["suffix", "eagle"],
+        min_length=1,
+        description="Drafter types the bandit chooses from: `suffix` (model-free, from earlier "
+        "responses to the same prompt and recent steps; almost free per token) and `eagle` "
+        "(one-layer drafter over the target's hidden states, trained online).",
+    )
+    train_drafter: bool = Field(
+        False,
+        description="Train the EAGLE drafter online on the hidden states each rollout captures, "
+        "in a background thread, so it keeps up with the policy as RL changes it.",
+    )
+    epsilon: float = Field(
+        0.1, ge=0.0, le=1.0, description="Bandit exploration rate (TLT's default 0.1)."
+    )
+
+    @model_validator(mode="after")
+    def _check_arms(self) -> SpeculativeConfig:
+        if any(k < 0 for k in self.draft_lengths):
+            raise ValueError(f"draft_lengths must be >= 0, got {self.draft_lengths}")
+        known = typing.get_args(DrafterType)
+        unknown = set(self.drafters) - set(known)
+        if unknown:
+            raise ValueError(f"unknown drafters {sorted(unknown)}; known: {list(known)}")
+        return self
+
+
 class RLConfig(Strict):
     """A GRPO run: `leantrain rl --config FILE` loads one of these."""
 
@@ -119,6 +231,11 @@ class RLConfig(Strict):
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    speculative: SpeculativeConfig = Field(
+        default_factory=SpeculativeConfig,
+        description="Speculative decoding in the long tail of each rollout (sync mode).",
+    )
     steps: int = Field(120, ge=0, description="Optimizer steps (one rollout batch each).")
     seed: int = Field(0, description="Seeds prompts, sampling and initialization.")
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -128,11 +245,27 @@ class RLConfig(Strict):
     max_batch_size: int = Field(
         128, ge=1, description="Live sequences in the rollout engine at once."
     )
+    max_cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="KV-cache token budget of the rollout engine: sequences are admitted only "
+        "while their prompt plus max new tokens fit (None: unbounded).",
+    )
     checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints.")
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (newest).")
     log_completions: int = Field(
         2, ge=0, description="Sampled completions appended to completions.jsonl each step."
     )
+
+    @model_validator(mode="after")
+    def _speculation_in_sync_mode(self) -> RLConfig:
+        # Async rollout workers build their own engines; speculation is wired into the sync loop.
+        if self.speculative.enabled and self.orchestrator.mode != "sync":
+            raise ValueError(
+                "speculative.enabled needs orchestrator.mode: sync "
+                f"(got {self.orchestrator.mode!r}); async rollout workers do not speculate yet"
+            )
+        return self
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:

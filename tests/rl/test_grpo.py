@@ -141,3 +141,28 @@ def test_train_variants(small_rl_config: RLConfig, update: dict, expect: str) ->
     if "num_iterations" in update:
         # The second pass sees weights the first pass moved: ratios are no longer all 1.
         assert stats["ratio_mean"] != 1.0
+
+
+def test_speculative_rollouts_equal_plain_ones_when_greedy(small_rl_config: RLConfig) -> None:
+    greedy = small_rl_config.model_copy(deep=True)
+    greedy.sampling.temperature = 0.0
+    greedy.steps = 1
+    plain = GRPORun(greedy, progress=False).rollout(0)
+    spec_cfg = greedy.model_copy(deep=True)
+    spec_cfg.out = greedy.out.with_name("spec")
+    spec_cfg.speculative.enabled = True
+    spec_cfg.speculative.drafters = ["suffix"]  # model-free: no drafter warm start in a test
+    spec_cfg.speculative.threshold = 16
+    run = GRPORun(spec_cfg, progress=False)
+    assert [t.response_ids for t in run.rollout(0)] == [t.response_ids for t in plain]
+    run.run()
+    record = json.loads((spec_cfg.out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["spec_drafted_fraction"] > 0.0 and record["spec_accept_len"] >= 1.0
+
+
+def test_speculation_refused_with_async_rollouts(small_rl_config: RLConfig) -> None:
+    data = small_rl_config.model_dump()
+    data["speculative"]["enabled"] = True
+    data["orchestrator"]["mode"] = "async"
+    with pytest.raises(ValueError, match="orchestrator.mode: sync"):
+        RLConfig.model_validate(data)

@@ -6,7 +6,15 @@ from transformers import LlamaForCausalLM
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
 from leantrain.rl.losses import policy_loss
-from leantrain.rl.packing import loss_context, micro_batches, pack, packed_logprobs
+from leantrain.rl.packing import (
+    loss_context,
+    micro_batches,
+    pack,
+    packed_logprobs,
+    padded_logprobs,
+    padding_fraction,
+    token_metrics,
+)
 from leantrain.rl.trajectory import FinishReason, Trajectory
 
 
@@ -204,3 +212,45 @@ def test_micro_batched_step_equals_one_packed_batch(tokenizer, loss_type):
     assert_close(split_loss, whole_loss)
     for split_grad, whole_grad in zip(split_grads, whole_grads, strict=True):
         assert_close(split_grad, whole_grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reason", ["budget", "max_turns"])
+def test_mask_truncated_covers_episode_limits(reason):
+    """An episode cut by its token budget or turn limit is as unfinished as a "length" one."""
+    batch = pack([_traj([1], [3, 4], finish_reason=reason)], torch.zeros(1), mask_truncated=True)
+    assert batch.loss_mask.tolist() == [0, 0]
+
+
+def test_padding_fraction_and_token_metrics_by_hand():
+    """A: prompt 2 + response 3 (env token masked), finished; B: prompt 1 + response 1, budget.
+
+    One group [A, B] (budget 16). Packed: 7 real tokens in 7 slots -> 0 padding. Padded: 2 rows
+    of (max prompt 2 + max response 3) = 10 slots, 7 real -> 0.3 padding.
+    """
+    trajs = [
+        _traj([1, 5], [6, 7, 8], loss_mask=[1, 0, 1]),
+        _traj([1], [9], finish_reason="budget"),
+    ]
+    groups = micro_batches(trajs, max_tokens=16)
+    assert groups == [[0, 1]]
+    assert padding_fraction(trajs, groups, packed=True) == 0.0
+    assert padding_fraction(trajs, groups, packed=False) == pytest.approx(0.3)
+    assert token_metrics(trajs, micro_batch_tokens=16) == {
+        "generated_tokens": 3.0,
+        "env_tokens": 1.0,
+        "truncated_tokens": 1.0,
+        "padding_fraction": 0.0,
+        "padding_fraction_padded": pytest.approx(0.3),
+    }
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_padded_logprobs_equal_packed_ones(tokenizer, temperature):
+    """The benchmark's baseline computes the same numbers as packing, in the same order."""
+    model = _tiny_model(tokenizer, "sdpa")
+    trajs = _random_trajectories(4, seed=5)
+    with torch.no_grad():
+        packed = packed_logprobs(model, pack(trajs, torch.zeros(4)), temperature=temperature)
+        padded = padded_logprobs(model, trajs, temperature=temperature)
+    assert padded.shape == packed.shape
+    assert (padded - packed).abs().max() < 1e-5

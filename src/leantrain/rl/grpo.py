@@ -4,7 +4,9 @@ One step: sample `group_size` responses for each of `prompts_per_step` prompts w
 engine (policy version v), score them into reward parts, turn the weighted totals into
 group-relative advantages, and take one optimizer step (or `num_iterations`) on the packed,
 micro-batched loss; the version becomes v+1. The engine shares the policy's weights, so the next
-rollout uses them at once.
+rollout uses them at once. With `orchestrator.mode` async or partial, rollout workers generate
+later steps' batches meanwhile and `run()` trains on them (rl/orchestrator.py); this class is
+then the trainer.
 
     from leantrain.config import load_config
     from leantrain.rl.grpo import GRPORun
@@ -22,7 +24,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,18 +31,29 @@ from typing import Any
 import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from transformers import PreTrainedTokenizerBase
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.generation.long_tail import LongTail
 from leantrain.models import encode_prompt, load_model, pick_device
 from leantrain.rl.advantages import group_advantages
 from leantrain.rl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
 from leantrain.rl.losses import policy_loss
-from leantrain.rl.packing import loss_context, micro_batches, pack, packed_logprobs
+from leantrain.rl.off_policy import correction_inputs
+from leantrain.rl.packing import (
+    PackedBatch,
+    loss_context,
+    micro_batches,
+    pack,
+    packed_logprobs,
+    token_metrics,
+)
 from leantrain.rl.trajectory import Trajectory
 from leantrain.tasks import Example, Task, make_task
-from leantrain.tasks.rewards import score_safely
+from leantrain.tasks.rewards import RewardWeights, score_safely
 from leantrain.telemetry import JsonlSink, plot_metrics
 
 log = logging.getLogger(__name__)
@@ -67,6 +79,57 @@ def accuracy_part(parts: dict[str, float]) -> float:
     return parts.get("answer", parts.get("tool", 0.0))
 
 
+def compute_autocast(config: RLConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """Where forward passes run in bf16 (weights stay fp32): on CUDA under dtype `auto`, or
+    whenever dtype is `bfloat16`. Rollout workers use it too, so they sample as the trainer."""
+    dtype = {
+        "auto": torch.bfloat16 if device.type == "cuda" else None,
+        "float32": None,
+        "bfloat16": torch.bfloat16,
+    }[config.model.dtype]
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def step_batch(
+    task: Task, tokenizer: PreTrainedTokenizerBase, config: RLConfig, step: int
+) -> tuple[list[Example], list[list[int]], int]:
+    """Step `step`'s prompts, its prompt-major batch (`group_size` copies of each prompt's ids)
+    and its sampling seed. A function of the config and the step only, so any rollout worker
+    rebuilds any step's batch, and a re-queued batch is the same batch."""
+    g = config.grpo
+    examples = task.examples(g.prompts_per_step, config.seed * _PROMPT_SEED_STRIDE + step)
+    prompt_ids = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
+    batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
+    return examples, batch, config.seed * _SAMPLING_SEED_OFFSET + step
+
+
+def to_trajectory(
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    weights: RewardWeights,
+    c: Completion,
+    example: Example,
+    group: int,
+    versions: list[int],
+) -> Trajectory:
+    """Score one completion into a trajectory; `versions` is the policy version of each token."""
+    text = tokenizer.decode(c.response_ids, skip_special_tokens=True)
+    score = score_safely(task, example, text, weights)
+    return Trajectory(
+        prompt_ids=c.prompt_ids,
+        response_ids=c.response_ids,
+        logprobs=c.logprobs,
+        versions=versions,
+        loss_mask=[1] * len(c.response_ids),
+        finish_reason=c.finish_reason,
+        rewards=score.parts,
+        reward=score.total,
+        group_id=group,
+        text=text,
+        error=score.error,
+    )
+
+
 class GRPORun:
     """A GRPO run: set up in the constructor, then `run()`. `sample`, `score` (together
     `rollout`), `train_step` and `evaluate` are public so tests and other orchestrators (the async
@@ -89,12 +152,25 @@ class GRPORun:
         self.model, self.tokenizer = load_model(
             self.config.model.name, device=str(self.device), dtype="float32"
         )
-        self.autocast_dtype = {
-            "auto": torch.bfloat16 if self.device.type == "cuda" else None,
-            "float32": None,
-            "bfloat16": torch.bfloat16,
-        }[self.config.model.dtype]
-        self.engine = Engine(self.model, self.tokenizer, max_batch_size=self.config.max_batch_size)
+        # TLT: speculation in the long tail, with the EAGLE drafter trained online when asked.
+        self.long_tail: LongTail | None = None
+        if self.config.speculative.enabled:
+            self.long_tail = LongTail(
+                self.config.speculative,
+                self.model,
+                self.tokenizer,
+                self.config.model.name,
+                out=self.out,
+                seed=self.config.seed,
+                progress=self.progress,
+            )
+        self.engine = Engine(
+            self.model,
+            self.tokenizer,
+            max_batch_size=self.config.max_batch_size,
+            max_cache_tokens=self.config.max_cache_tokens,
+            speculator=None if self.long_tail is None else self.long_tail.speculator,
+        )
         self.ref_model = None
         if self.config.grpo.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -112,6 +188,9 @@ class GRPORun:
         self.heldout: list[Example] = self.task.examples(
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
+        # Multi-turn tool tasks: rollouts and evaluations become episodes (rl/episodes.py).
+        if is_multi_turn(self.task):
+            self.engine = EpisodeRunner(self.engine, self.task)
 
     def _setup_optimizer(self) -> None:
         g = self.config.grpo
@@ -144,13 +223,8 @@ class GRPORun:
             )
 
     # --------------------------------------------------------------- rollout
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        if self.autocast_dtype is None:
-            yield
-        else:
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-                yield
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return compute_autocast(self.config, self.device)
 
     def rollout(self, step: int) -> list[Trajectory]:
         """`group_size` responses to each of this step's prompts, scored, as trajectories."""
@@ -158,49 +232,49 @@ class GRPORun:
 
     def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
         """This step's prompts and `group_size` sampled completions of each, prompt-major."""
-        g = self.config.grpo
-        examples = self.task.examples(
-            g.prompts_per_step, self.config.seed * _PROMPT_SEED_STRIDE + step
-        )
-        prompt_ids = [encode_prompt(self.tokenizer, ex.prompt) for ex in examples]
-        batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
+        examples, batch, seed = step_batch(self.task, self.tokenizer, self.config, step)
+        if self.long_tail is None:
+            with self._autocast():
+                completions = self.engine.generate(batch, self.sampling, seed=seed)
+            return examples, completions
         with self._autocast():
             completions = self.engine.generate(
-                batch, self.sampling, seed=self.config.seed * _SAMPLING_SEED_OFFSET + step
+                batch, self.sampling, seed=seed, return_hidden_states=self.long_tail.capture
             )
+        self.long_tail.observe(step, completions)  # the drafter's training data
         return examples, completions
 
     def score(self, examples: list[Example], completions: list[Completion]) -> list[Trajectory]:
         """Score completions (from `sample`) into trajectories; a crashing scorer scores 0."""
         group = self.config.grpo.group_size
+        if completions and isinstance(completions[0], Episode):  # one row per episode segment
+            return [
+                row
+                for i, ep in enumerate(completions)
+                for row in episode_trajectories(
+                    ep,
+                    score_safely(self.task, examples[i // group], ep.text, self.weights),
+                    self.version,
+                    i // group,
+                )
+            ]
         return [
             self._to_trajectory(c, examples[i // group], i // group)
             for i, c in enumerate(completions)
         ]
 
     def _to_trajectory(self, c: Completion, example: Example, group: int) -> Trajectory:
-        text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
-        score = score_safely(self.task, example, text, self.weights)
-        n = len(c.response_ids)
-        return Trajectory(
-            prompt_ids=c.prompt_ids,
-            response_ids=c.response_ids,
-            logprobs=c.logprobs,
-            versions=[self.version] * n,
-            loss_mask=[1] * n,
-            finish_reason=c.finish_reason,
-            rewards=score.parts,
-            reward=score.total,
-            group_id=group,
-            text=text,
-            error=score.error,
-        )
+        versions = [self.version] * len(c.response_ids)
+        return to_trajectory(self.tokenizer, self.task, self.weights, c, example, group, versions)
 
     # ----------------------------------------------------------------- train
-    def train_step(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    def train_step(
+        self, trajectories: list[Trajectory], correction: str = "none", is_cap: float = 5.0
+    ) -> dict[str, float]:
         """`num_iterations` optimizer steps on one rollout batch; returns loss stats (of the last).
 
-        A non-finite loss or gradient skips the update (weights untouched) and is reported as
+        `correction` treats stale samples (see rl/off_policy.py); sync runs use "none". A
+        non-finite loss or gradient skips the update (weights untouched) and is reported as
         `skipped: 1` rather than corrupting the weights.
         """
         g = self.config.grpo
@@ -217,11 +291,18 @@ class GRPORun:
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
+        # Before any update: the decoupled correction's proximal policy is the weights as they
+        # are now, evaluated without dropout like the rollout.
+        self.model.eval()
+        loss_inputs = [
+            correction_inputs(correction, mb.to(self.device), self._logprobs, is_cap)
+            for mb in batches
+        ]
         self.model.train()
         for _ in range(g.num_iterations):
             total_loss = 0.0
             iteration_stats: dict[str, float] = {}
-            for mb in batches:
+            for mb, extra in zip(batches, loss_inputs, strict=True):
                 mb = mb.to(self.device)
                 with self._autocast():
                     logp = packed_logprobs(self.model, mb, self.logprob_temperature)
@@ -231,16 +312,16 @@ class GRPORun:
                             ref = packed_logprobs(self.ref_model, mb, self.logprob_temperature)
                 loss, mb_stats = policy_loss(
                     logp,
-                    mb.old_logprobs,
-                    mb.advantages,
-                    mb.loss_mask,
-                    mb.sequence_index,
-                    ctx,
+                    advantages=mb.advantages,
+                    loss_mask=mb.loss_mask,
+                    sequence_index=mb.sequence_index,
+                    ctx=ctx,
                     loss_type=g.loss_type,
                     epsilon=g.epsilon,
                     epsilon_high=g.epsilon_high,
                     beta=g.beta,
                     ref_logp=ref,
+                    **extra,
                 )
                 loss.backward()
                 total_loss += float(loss.detach())
@@ -268,6 +349,11 @@ class GRPORun:
         self.model.eval()
         return stats
 
+    def _logprobs(self, mb: PackedBatch) -> torch.Tensor:
+        """(R,) log-probabilities of `mb`'s response tokens under the current weights."""
+        with self._autocast():
+            return packed_logprobs(self.model, mb, self.logprob_temperature)
+
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:
         """Greedy accuracy on the held-out problems (or `examples`)."""
@@ -290,18 +376,29 @@ class GRPORun:
         if self.accuracy_before is None:
             self.accuracy_before = self.evaluate()
         totals = Timer()
+        # Async modes: rollouts run ahead in workers; the orchestrator hands over each step's
+        # batch (rl/orchestrator.py). Sync mode: `_one_step` generates and trains in turn.
+        orchestrator = None
+        if cfg.orchestrator.mode != "sync":
+            from leantrain.rl.orchestrator import AsyncOrchestrator
+
+            orchestrator = AsyncOrchestrator(self)
+        one_step = self._one_step if orchestrator is None else orchestrator.step
         start = time.perf_counter()
-        with Progress(
-            *Progress.get_default_columns()[:1],
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=not self.progress,
-            transient=False,
-        ) as bar:
+        with (
+            orchestrator or contextlib.nullcontext(),
+            Progress(
+                *Progress.get_default_columns()[:1],
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                disable=not self.progress,
+                transient=False,
+            ) as bar,
+        ):
             job = bar.add_task("GRPO", total=cfg.steps, completed=self.step)
             while self.step < cfg.steps:
-                record = self._one_step(totals)
+                record = one_step(totals)
                 bar.update(
                     job,
                     advance=1,
@@ -311,6 +408,8 @@ class GRPORun:
                     self._checkpoint()
         # The training loop's time only: the held-out evaluations before and after are not steps.
         seconds_total = time.perf_counter() - start
+        if self.long_tail is not None:
+            self.long_tail.close()  # stops the drafter's trainer; its last version is saved
         accuracy_after = self.evaluate()
         summary = {
             "steps": self.step,
@@ -325,6 +424,8 @@ class GRPORun:
             "seconds_training": round(totals.train_s, 2),
             "seconds_idle": round(seconds_total - totals.generate_s - totals.train_s, 2),
         }
+        if orchestrator is not None:
+            summary.update(orchestrator.summary())
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
         return summary
@@ -338,6 +439,24 @@ class GRPORun:
         stats = self.train_step(trajectories)
         t2 = time.perf_counter()
         self.step += 1
+        idle_s = time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train)
+        totals.generate_s += t1 - t0
+        totals.train_s += t2 - t_train
+        return self.log_step(
+            trajectories, stats, gen_s=t1 - t0, train_s=t2 - t_train, idle_s=idle_s
+        )
+
+    def log_step(
+        self,
+        trajectories: list[Trajectory],
+        stats: dict[str, float],
+        gen_s: float,
+        train_s: float,
+        idle_s: float,
+        **extra: float,
+    ) -> dict[str, Any]:
+        """Append the finished step's record (plus `extra` fields) to metrics.jsonl and a few
+        of its completions to completions.jsonl; returns the record."""
         group = self.config.grpo.group_size
         for t in trajectories[: self.config.log_completions * group : group]:
             self.completions.write(
@@ -350,11 +469,12 @@ class GRPORun:
                     "error": t.error,
                 }
             )
-        record = self._record(trajectories, stats, gen_s=t1 - t0, train_s=t2 - t_train)
-        record["idle_s"] = round(time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train), 4)
+        record = self._record(trajectories, stats, gen_s=gen_s, train_s=train_s)
+        record["idle_s"] = round(idle_s, 4)
+        record.update(extra)
+        # Every response's length: what `leantrain simulate` replays (rl/simulate.py).
+        record["response_lengths"] = [len(t.response_ids) for t in trajectories]
         self.metrics.write(record)
-        totals.generate_s += t1 - t0
-        totals.train_s += t2 - t_train
         return record
 
     def _record(
@@ -378,11 +498,15 @@ class GRPORun:
                 np.mean([t.finish_reason == "length" for t in trajectories])
             ),
             "reward_errors": sum(t.error is not None for t in trajectories),
+            # generated, environment and truncated tokens; padding (packed vs if padded)
+            **token_metrics(trajectories, self.config.grpo.micro_batch_tokens),
             "tokens_per_s": float(lengths.sum() / max(gen_s, 1e-9)),
             "generate_s": round(gen_s, 4),
             "train_s": round(train_s, 4),
             **{k: round(v, 6) for k, v in stats.items()},
         }
+        if self.long_tail is not None:  # acceptance length, drafted fraction, drafter loss
+            record.update(self.long_tail.metrics())
         return record
 
     def _checkpoint(self) -> None:

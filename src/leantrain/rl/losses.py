@@ -81,6 +81,34 @@ def per_token_policy_loss(
     return loss, stats
 
 
+def truncated_is_loss(
+    logp: Tensor,  # (T,) log pi_theta(token), with grad
+    behaviour_logp: Tensor,  # (T,) log mu(token), the (possibly stale) policy that sampled it
+    advantages: Tensor,  # (T,) advantage of each token's sequence
+    cap: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Truncated importance sampling (prime-rl's AIPO), the cheap off-policy correction:
+
+        r_t = exp(logp_t - behaviour_logp_t)
+        l_t = -min(r_t, cap) * A_t
+
+    No trust-region clip and no extra forward: the gradient r_t * A_t * grad(logp_t) flows
+    where r_t < cap and is cut where the stale sample is too unlikely under mu to trust.
+
+    Returns the (T,) loss and the same per-token stats as `per_token_policy_loss`
+    ("clipped_high": tokens whose weight hit the cap; nothing is clipped below).
+    """
+    ratio = torch.exp(logp - behaviour_logp)
+    loss = -ratio.clamp(max=cap) * advantages
+    ratio = ratio.detach()
+    stats = {
+        "ratio": ratio,
+        "clipped_low": torch.zeros_like(ratio, dtype=torch.bool),
+        "clipped_high": ratio > cap,
+    }
+    return loss, stats
+
+
 def k3_kl(
     logp: Tensor,  # (T,) log pi_theta(token), with grad
     ref_logp: Tensor,  # (T,) log pi_ref(token) of the frozen reference policy
@@ -166,10 +194,15 @@ def policy_loss(
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref_logp: Tensor | None = None,  # (T,) log pi_ref, required when beta != 0
+    is_weight: Tensor | None = None,  # (T,) no grad, importance weight of each token's l_t
+    tis_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """This micro-batch's share of the batch loss, sum_t w_t * (l_t + beta * k3_t).
+    """This micro-batch's share of the batch loss, sum_t w_t * (c_t * l_t + beta * k3_t).
 
     `loss_type` picks the weights w_t from `LOSS_WEIGHTS` (see each function for its formula).
+    Off-policy corrections (stale samples from asynchronous rollouts, see rl/orchestrator.py):
+    `is_weight` is c_t (decoupled PPO: old_logp is then the proximal policy and c_t the capped
+    pi_prox / mu); `tis_cap` replaces the clipped surrogate by `truncated_is_loss`.
 
     Returns:
         loss: scalar; call `backward()` on it as it is for exact gradient accumulation.
@@ -183,9 +216,14 @@ def policy_loss(
     # Masked tokens (tool output, truncated responses) may carry meaningless old/ref logprobs; an
     # overflowing exp there would turn the zero-weighted loss, and every gradient, into NaN.
     old_logp = torch.where(active, old_logp, logp.detach())
-    per_token, token_stats = per_token_policy_loss(
-        logp, old_logp, advantages, epsilon, epsilon_high
-    )
+    if tis_cap is None:
+        per_token, token_stats = per_token_policy_loss(
+            logp, old_logp, advantages, epsilon, epsilon_high
+        )
+    else:
+        per_token, token_stats = truncated_is_loss(logp, old_logp, advantages, tis_cap)
+    if is_weight is not None:
+        per_token = per_token * torch.where(active, is_weight.detach(), 1.0)
     token_values = {  # per token, reduced to means over the active tokens below
         "clip_fraction": token_stats["clipped_low"] | token_stats["clipped_high"],
         "clip_low_fraction": token_stats["clipped_low"],

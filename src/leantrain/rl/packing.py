@@ -1,5 +1,8 @@
 """Padding-free trainer batches: trajectories concatenated into one row, one forward pass over it,
-and log-probabilities computed only where a response token is predicted.
+and log-probabilities computed only where a response token is predicted. Also the token-budget
+batcher that groups trajectories into such rows, the per-step token accounting (generated,
+environment and truncated tokens, padding), and the padded layout packing replaces, kept as the
+reference and the benchmark's baseline (`padded_logprobs`).
 
 Knows nothing about rewards or loss variants: it carries one advantage per trajectory, broadcast
 over that trajectory's response tokens, and hands flat per-token tensors to `rl.losses`.
@@ -16,6 +19,10 @@ from torch import Tensor, nn
 
 from leantrain.rl.losses import LossContext
 from leantrain.rl.trajectory import Trajectory
+
+# Finish reasons of a response cut off before it was done: a turn's max_new_tokens ("length"),
+# an episode's token budget or turn limit. `mask_truncated` drops these from the loss.
+TRUNCATED = frozenset({"length", "budget", "max_turns"})
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,10 @@ def pack(
 ) -> PackedBatch:
     """Concatenate `trajectories` into one padding-free row.
 
-    With `mask_truncated`, a trajectory that stopped on the length budget (finish_reason
-    "length") gets an all-zero loss mask: its reward judged an unfinished answer (TRL's
-    `mask_truncated_completions`). It still counts as a sequence in the loss normalizations,
-    as in TRL.
+    With `mask_truncated`, a trajectory that was cut off (finish reason in `TRUNCATED`: the
+    length cap, an episode's token budget or turn limit) gets an all-zero loss mask: its reward
+    judged an unfinished answer (TRL's `mask_truncated_completions`). It still counts as a
+    sequence in the loss normalizations, as in TRL.
     """
     if len(trajectories) != advantages.shape[0]:
         raise ValueError(
@@ -119,7 +126,7 @@ def _index_within(lengths: Tensor) -> Tensor:
 
 def _loss_mask(traj: Trajectory, mask_truncated: bool) -> list[int]:
     """The trajectory's own mask, or all zeros when it is truncated and those are masked."""
-    if mask_truncated and traj.finish_reason == "length":
+    if mask_truncated and traj.finish_reason in TRUNCATED:
         return [0] * len(traj.response_ids)
     return list(traj.loss_mask)
 
@@ -192,3 +199,89 @@ def loss_context(
         max_completion_length=max_completion_length,
         num_micro_batches=len(batches),
     )
+
+
+def _lengths(trajectories: Sequence[Trajectory]) -> list[int]:
+    return [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+
+
+def padding_fraction(
+    trajectories: Sequence[Trajectory], groups: Sequence[Sequence[int]], packed: bool
+) -> float:
+    """Share of the token slots in the forward passes over `groups` that hold padding.
+
+    Packed, a group is one row of exactly its tokens; padded, it is one row per trajectory, each
+    as long as the group's longest prompt plus its longest response (`padded_logprobs`' layout).
+    """
+    lengths = _lengths(trajectories)
+    real = sum(lengths[i] for group in groups for i in group)
+    if packed:
+        slots = real
+    else:
+        slots = sum(
+            len(group)
+            * (
+                max(len(trajectories[i].prompt_ids) for i in group)
+                + max(len(trajectories[i].response_ids) for i in group)
+            )
+            for group in groups
+        )
+    return 1.0 - real / max(slots, 1)
+
+
+def token_metrics(trajectories: Sequence[Trajectory], micro_batch_tokens: int) -> dict[str, float]:
+    """One training step's token accounting, for the metrics log.
+
+    generated_tokens: sampled tokens (loss mask 1); env_tokens: environment tokens in the
+    context (loss mask 0); truncated_tokens: response tokens of cut-off trajectories
+    (`TRUNCATED`); padding_fraction: padding in the trainer's packed micro-batches (0 when
+    packing works); padding_fraction_padded: what padding the same micro-batches would waste.
+    """
+    groups = micro_batches(trajectories, micro_batch_tokens)
+    return {
+        "generated_tokens": float(sum(sum(t.loss_mask) for t in trajectories)),
+        "env_tokens": float(sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajectories)),
+        "truncated_tokens": float(
+            sum(len(t.response_ids) for t in trajectories if t.finish_reason in TRUNCATED)
+        ),
+        "padding_fraction": padding_fraction(trajectories, groups, packed=True),
+        "padding_fraction_padded": padding_fraction(trajectories, groups, packed=False),
+    }
+
+
+def padded_logprobs(
+    model: nn.Module,  # a Hugging Face causal LM
+    trajectories: Sequence[Trajectory],  # S trajectories, one padded row each
+    temperature: float = 1.0,
+    pad_id: int = 0,
+) -> Tensor:  # (R,) float32, in `pack(trajectories, ...).targets` order
+    """`packed_logprobs` computed the padded way (TRL's layout): prompts left-padded, responses
+    right-padded, one (S, P_max + R_max) forward with an attention mask, logits kept for the
+    response columns only. The same numbers as packing, at the cost of the padded slots.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    p_max = max(len(t.prompt_ids) for t in trajectories)
+    r_max = max(len(t.response_ids) for t in trajectories)
+    rows, masks = [], []
+    for t in trajectories:
+        p_pad, r_pad = p_max - len(t.prompt_ids), r_max - len(t.response_ids)
+        rows.append([pad_id] * p_pad + t.prompt_ids + t.response_ids + [pad_id] * r_pad)
+        masks.append([0] * p_pad + [1] * (len(t.prompt_ids) + len(t.response_ids)) + [0] * r_pad)
+    device = next(model.parameters()).device
+    input_ids = torch.tensor(rows, device=device)  # (S, P_max + R_max)
+    attention_mask = torch.tensor(masks, device=device)
+    # Left padding shifts positions; count them from each row's first real token, as packing does.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=r_max + 1,
+    )
+    logits = out.logits[:, :-1].float() / temperature  # (S, R_max, vocab): predict responses
+    targets = input_ids[:, p_max:]  # (S, R_max)
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+    real = attention_mask[:, p_max:].bool()  # row-major, so the order matches pack()'s targets
+    return logp[real]

@@ -4,8 +4,12 @@ needs to learn from it. Token ids are kept exactly as sampled and are never re-t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from leantrain.generation import FinishReason
+
+# A multi-turn episode (rl/episodes.py) can also end on its turn limit or its token budget.
+EpisodeEndReason = Literal["max_turns", "budget"]
 
 
 @dataclass
@@ -18,7 +22,7 @@ class Trajectory:
         logprobs: behaviour log-probabilities of each response token, (R,).
         versions: policy version that sampled each response token, (R,).
         loss_mask: 1 where the token is trained on, 0 for tool/env tokens, (R,).
-        finish_reason: why sampling stopped.
+        finish_reason: why sampling stopped (episodes: also "max_turns" or "budget").
         rewards: named reward parts, e.g. {"format": 1.0, "answer": 0.0}.
         reward: the weighted total used for advantages.
         group_id: trajectories with the same group id answer the same prompt.
@@ -31,7 +35,7 @@ class Trajectory:
     logprobs: list[float]
     versions: list[int]
     loss_mask: list[int]
-    finish_reason: FinishReason
+    finish_reason: FinishReason | EpisodeEndReason
     rewards: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
     group_id: int = 0

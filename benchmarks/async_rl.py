@@ -1,0 +1,195 @@
+"""Asynchronous GRPO against synchronous GRPO: the same run (tiny model, `arith` with its Pareto
+long tail, the same number of optimizer steps) trained sync, async k=1 and async k=2, one after
+another in this process.
+
+- sync: generate a step's batch, then train on it, in turn; one process, `--sync-threads` torch
+  threads (1 by default: the ~1 M-parameter model gains nothing from a second thread, and on a
+  busy machine OpenMP spin-waits make 2 threads slower).
+- async k: a rollout worker generates step n+1.. while the trainer trains step n, one torch
+  thread each, so both cores work; each batch is generated on one policy version, at most k
+  versions behind the trainer, with decoupled-PPO correction. The worker is a Ray actor by
+  default (its own process: the tiny model's decode loop is Python-bound, and a worker THREAD
+  shares the trainer's GIL); `--backend local` runs it as a thread instead. The actor's start-up
+  (a few seconds: a fresh process imports torch) is inside the timed run.
+
+Reported per mode: wall time of the training loop (held-out evaluations excluded), generation
+idle fraction (share of the run the generator was not generating), final held-out accuracy
+(greedy), max observed staleness; and the speedups sync time / async time (median over repeats).
+
+    python benchmarks/async_rl.py            # full: 20 steps, 200 held-out problems, 3 repeats
+    python benchmarks/async_rl.py --quick    # under 120 s on 2 idle CPU cores
+
+Writes benchmarks/results/async_rl.json (keys `speedup_k1`, `speedup_k2`, `accuracy_sync`,
+`accuracy_k1`, `max_observed_staleness_k1`, and details).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from leantrain.config import load_config
+from leantrain.rl.grpo import GRPORun
+from leantrain.rl.simulate import calibrate, simulate
+
+RESULTS = Path(__file__).parent / "results" / "async_rl.json"
+MODES = {"sync": ("sync", 0), "k1": ("async", 1), "k2": ("async", 2)}
+
+
+def one_run(name: str, args: argparse.Namespace, out: Path, repeat: int) -> dict[str, Any]:
+    """Train one mode from the same initial weights; returns its summary."""
+    mode, k = MODES[name]
+    cfg = load_config(
+        None,
+        **{
+            "model.name": args.model,
+            "task.name": "arith",
+            "task.eval_size": args.eval_size,
+            "steps": args.steps,
+            "seed": repeat,
+            "device": "cpu",
+            "out": out / f"{name}-{repeat}",
+            "checkpoint_every": 10_000,  # the last step only: checkpoints are not the point
+            "orchestrator.mode": mode,
+            "orchestrator.max_staleness": k,
+            "orchestrator.backend": args.backend,
+            "orchestrator.rollout_threads": 1,
+        },
+    )
+    # Async: this process (trainer, held-out evaluations) keeps one thread; so does the worker.
+    torch.set_num_threads(args.sync_threads if mode == "sync" else 1)
+    run = GRPORun(cfg, progress=False)
+    summary = run.run()
+    if mode == "sync":
+        total = max(summary["seconds_total"], 1e-9)
+        summary["generation_idle_fraction"] = 1 - summary["seconds_generating"] / total
+        summary["max_observed_staleness"] = 0
+    return summary
+
+
+def check_simulator(
+    tmp: Path, runs: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, float]]:
+    """Calibrate the cluster model on repeat 0's sync run and predict every mode's loop time;
+    the error is (predicted - measured) / measured."""
+    cal = calibrate(tmp / "sync-0")
+    out = {}
+    for name, (_, k) in MODES.items():
+        predicted = simulate(cal.cluster, cal.workload, k).seconds
+        measured = runs[name][0]["seconds_total"]
+        out[name] = {
+            "predicted_s": predicted,
+            "measured_s": measured,
+            "error": (predicted - measured) / measured,
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--quick", action="store_true", help="8 steps, 64 held-out, 1 repeat")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sync-threads", type=int, default=1, help="torch threads of sync")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="ray",
+        help="async rollout workers: Ray actors (own processes, no shared GIL; their start-up "
+        "is timed) or threads of this process (local)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_size, args.repeats = 8, 64, 1
+    logging.basicConfig(level=logging.WARNING)
+
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in MODES}
+    with tempfile.TemporaryDirectory(prefix="async_rl-") as tmp:
+        for repeat in range(args.repeats):
+            for name in MODES:
+                runs[name].append(one_run(name, args, Path(tmp), repeat))
+                s = runs[name][-1]
+                print(f"{name} repeat {repeat}: {s['seconds_total']:.1f} s")
+        simulated = check_simulator(Path(tmp), runs)
+
+    results: dict[str, dict[str, float]] = {}
+    for name, summaries in runs.items():
+        results[name] = {
+            "seconds": statistics.median(s["seconds_total"] for s in summaries),
+            "generation_idle_fraction": statistics.median(
+                s["generation_idle_fraction"] for s in summaries
+            ),
+            "accuracy_before": statistics.mean(s["accuracy_before"] for s in summaries),
+            "accuracy": statistics.mean(s["accuracy_after"] for s in summaries),
+            "max_observed_staleness": max(s["max_observed_staleness"] for s in summaries),
+            "seconds_each": [s["seconds_total"] for s in summaries],
+        }
+    for name in ("k1", "k2"):
+        results[name]["speedup"] = results["sync"]["seconds"] / results[name]["seconds"]
+
+    table = Table(title=f"async GRPO vs sync ({args.model}, arith, {args.steps} steps)")
+    for col in ("mode", "wall s", "gen idle", "accuracy", "max staleness", "speedup"):
+        table.add_column(col, justify="right")
+    for name, row in results.items():
+        table.add_row(
+            name,
+            f"{row['seconds']:.1f}",
+            f"{row['generation_idle_fraction']:.0%}",
+            f"{row['accuracy']:.1%}",
+            str(row["max_observed_staleness"]),
+            f"{row.get('speedup', 1.0):.2f}x",
+        )
+    Console().print(table)
+    sim_table = Table(title="leantrain simulate, calibrated on the sync run (repeat 0)")
+    for col in ("mode", "predicted s", "measured s", "error"):
+        sim_table.add_column(col, justify="right")
+    for name, row in simulated.items():
+        sim_table.add_row(
+            name, f"{row['predicted_s']:.1f}", f"{row['measured_s']:.1f}", f"{row['error']:+.0%}"
+        )
+    Console().print(sim_table)
+
+    report = {
+        "speedup_k1": results["k1"]["speedup"],
+        "speedup_k2": results["k2"]["speedup"],
+        "accuracy_sync": results["sync"]["accuracy"],
+        "accuracy_k1": results["k1"]["accuracy"],
+        "max_observed_staleness_k1": results["k1"]["max_observed_staleness"],
+        "results": results,
+        "simulated": simulated,
+        "config": {
+            "model": args.model,
+            "task": "arith",
+            "steps": args.steps,
+            "eval_size": args.eval_size,
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "sync_threads": args.sync_threads,
+            "threads_per_side": 1,
+            "backend": args.backend,
+        },
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,395 @@
+"""Asynchronous GRPO (DORA-style): rollout workers generate later steps' batches while the trainer
+trains, under three guarantees (arXiv 2604.26256):
+
+1. intra-trajectory consistency: in `async` mode a batch is generated on the one version it
+   started on, so every token of a trajectory carries the same version (`partial` mode trades
+   this for freshness: in-flight sequences resume on new weights, per-token versions recorded);
+2. data integrity: every batch reaches the trainer exactly once, oldest first; a worker that
+   dies or stalls has its batch re-queued and a late duplicate is rejected (rl/buffer.py);
+3. bounded staleness: batch n starts only on weights published after step n - k, so the trainer
+   never trains on a policy more than k versions old. k = 0 is the synchronous run, trajectory
+   for trajectory.
+
+Two threads of control: the trainer (the caller's thread, `AsyncOrchestrator.step`) and the
+dispatcher (a thread that hands batch indices to free workers, collects results, and watches
+every wait against `timeout_s`). Workers are threads (rl/async_local.py) or Ray actors
+(rl/ray_backend.py) behind one small `Backend` interface; weights travel as state dicts or
+object-store references, tagged with their version.
+
+Knows nothing about losses or engines: the trainer is a `GRPORun` (rl/grpo.py), a worker a
+`RolloutWorker` (rl/rollout_worker.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from leantrain.errors import LeantrainError
+from leantrain.rl.buffer import BatchBuffer, Published, RolloutBatch, StallError, WeightStore
+from leantrain.rl.episodes import is_multi_turn
+from leantrain.rl.rollout_worker import FaultPlan
+
+if TYPE_CHECKING:
+    from leantrain.rl.grpo import GRPORun, Timer
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Where rollout workers live. Slots 0..workers-1 each hold one worker at a time."""
+
+    workers: int
+
+    def start(self, slot: int) -> None:
+        """Create (or replace) the worker in `slot`."""
+
+    def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
+        """Generate batch `index` on `slot`'s worker, starting on `weights`; a Future of a
+        `RolloutBatch` that raises if the worker dies."""
+
+    def publish(self, model: torch.nn.Module) -> Any:
+        """A snapshot of `model`'s weights that workers can load (the store's payload)."""
+
+    def abandon(self, slot: int) -> None:
+        """Give up on `slot`'s worker (dead or stalled); its late result is ignored."""
+
+    def shutdown(self) -> None:
+        """Stop every worker."""
+
+
+@dataclass
+class _Job:
+    index: int
+    attempt: int
+    version: int
+    started: float
+    future: cf.Future
+
+
+@dataclass
+class _Activity:
+    """What the trainer is doing, for stall reports."""
+
+    doing: str
+    since: float
+    busy: bool  # True while training or publishing (a stall there is the trainer's)
+
+
+class Dispatcher:
+    """Hands batches `first`..`last - 1` to free workers in order, as admission allows, and puts
+    their results in the buffer. Runs in its own thread; a fatal error is kept in `error` and
+    raised in the trainer by `check()`."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: WeightStore,
+        buffer: BatchBuffer,
+        *,
+        first: int,
+        last: int,
+        max_staleness: int,
+        timeout_s: float,
+        max_restarts: int,
+        trainer: _Activity,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.buffer = buffer
+        self.todo = list(range(first, last))  # sorted: re-queued batches go back in order
+        self.k = max_staleness
+        self.timeout_s = timeout_s
+        self.max_restarts = max_restarts
+        self.trainer = trainer
+        self.running: dict[int, _Job] = {}
+        self.attempts: Counter[int] = Counter()
+        self.restarts = 0
+        self.busy_s = 0.0  # worker-seconds spent on jobs, delivered or not
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rollout-dispatcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s)
+
+    def check(self) -> None:
+        """Raise the dispatcher's fatal error, if any (called by the waiting trainer)."""
+        if self.error is not None:
+            raise self.error
+
+    def describe(self) -> str:
+        """What every worker and the trainer are doing now, for stall reports."""
+        now = time.monotonic()
+        jobs = [
+            f"worker {slot} generating batch {j.index} (attempt {j.attempt}) on version "
+            f"{j.version} for {now - j.started:.1f} s"
+            # A snapshot: the dispatcher thread changes `running` meanwhile.
+            for slot, j in sorted(list(self.running.items()))
+        ]
+        idle = self.backend.workers - len(self.running)
+        parts = jobs + ([f"{idle} worker(s) idle"] if idle else [])
+        parts.append(f"trainer {self.trainer.doing} for {now - self.trainer.since:.1f} s")
+        if self.todo:
+            parts.append(
+                f"next batch {self.todo[0]} waits for weights of step {self.todo[0] - self.k}"
+            )
+        return "; ".join(parts)
+
+    def _loop(self) -> None:
+        try:
+            free = list(range(self.backend.workers))
+            waiting_since: float | None = None
+            while not self._stop.is_set() and (self.todo or self.running):
+                waiting_since = self._admit(free, waiting_since)
+                futures = [j.future for j in self.running.values()]
+                if futures:
+                    cf.wait(futures, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+                elif self.todo:
+                    self.store.wait_for_step(self.todo[0] - self.k, timeout=0.05)
+                self._collect(free)
+        except BaseException as e:  # kept for the trainer: a dead dispatcher must not hang it
+            log.error("rollout dispatcher stopped: %s", e)
+            self.error = e
+
+    def _admit(self, free: list[int], waiting_since: float | None) -> float | None:
+        """Start the next batches on free workers while admission allows; returns since when
+        the next batch has waited for weights (None if it is not waiting)."""
+        while free and self.todo:
+            index = self.todo[0]
+            weights = self.store.newest()
+            if weights is None or weights.step < index - self.k:
+                now = time.monotonic()
+                if waiting_since is None:
+                    return now
+                if self.trainer.busy and now - self.trainer.since > self.timeout_s:
+                    raise StallError(
+                        f"trainer stalled: {self.trainer.doing} for {now - self.trainer.since:.0f}"
+                        f" s (timeout {self.timeout_s:.0f} s); batch {index} waits for the "
+                        f"weights of step {index - self.k}"
+                    )
+                return waiting_since
+            slot = free.pop(0)
+            self.todo.pop(0)
+            self.attempts[index] += 1
+            future = self.backend.submit(slot, index, self.attempts[index], weights)
+            self.running[slot] = _Job(
+                index, self.attempts[index], weights.version, time.monotonic(), future
+            )
+        return None
+
+    def _collect(self, free: list[int]) -> None:
+        """Deliver finished jobs; replace workers that died or ran past the timeout."""
+        now = time.monotonic()
+        for slot, job in list(self.running.items()):
+            if job.future.done():
+                error = job.future.exception()
+                problem = None if error is None else f"died on batch {job.index} ({error!r})"
+            elif now - job.started > self.timeout_s:
+                problem = (
+                    f"stalled: generating batch {job.index} (attempt {job.attempt}) on version "
+                    f"{job.version} for {now - job.started:.0f} s (timeout {self.timeout_s:.0f} s)"
+                )
+            else:
+                continue
+            del self.running[slot]
+            self.busy_s += now - job.started
+            free.append(slot)
+            if problem is None:
+                self.buffer.put(job.future.result())
+                continue
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
+                raise LeantrainError(
+                    f"rollout worker {slot} {problem}; giving up after {self.max_restarts} "
+                    "worker restarts (orchestrator.max_restarts)"
+                )
+            log.error("rollout worker %d %s; replacing it and re-queuing the batch", slot, problem)
+            self.backend.abandon(slot)
+            self.backend.start(slot)
+            bisect.insort(self.todo, job.index)
+
+
+class AsyncOrchestrator:
+    """Drives a `GRPORun` asynchronously: a context manager that starts and stops the workers,
+    and `step()`, one training step on the oldest finished batch (the sync run's `_one_step`).
+
+    Args:
+        run: the trainer; its step and version say where to start (a resumed run continues).
+        faults: faults to inject into the workers, for tests.
+    """
+
+    def __init__(self, run: GRPORun, faults: FaultPlan | None = None) -> None:
+        self.run = run
+        self.cfg = run.config.orchestrator
+        if run.config.orchestrator.mode == "sync":
+            raise LeantrainError("AsyncOrchestrator needs orchestrator.mode async or partial")
+        if is_multi_turn(run.task):
+            raise LeantrainError(
+                f"task {run.config.task.name} is multi-turn; async orchestration runs "
+                "single-turn tasks only (use orchestrator.mode: sync)"
+            )
+        if self.cfg.mode == "partial" and self.cfg.backend == "ray":
+            raise LeantrainError(
+                "orchestrator.mode partial runs on the local backend only (workers poll the "
+                "weight store between segments); use backend: local or mode: async"
+            )
+        k = self.cfg.max_staleness
+        self.store = WeightStore(keep=k + 1)
+        self.buffer = BatchBuffer(capacity=k + 1, next_index=run.step)
+        self.trainer = _Activity("starting", time.monotonic(), busy=False)
+        self.backend = self._make_backend(faults)
+        self.dispatcher = Dispatcher(
+            self.backend,
+            self.store,
+            self.buffer,
+            first=run.step,
+            last=run.config.steps,
+            max_staleness=k,
+            timeout_s=self.cfg.timeout_s,
+            max_restarts=self.cfg.max_restarts,
+            trainer=self.trainer,
+        )
+        self.max_staleness_seen = 0
+        self.weight_sync_s: list[float] = []
+        self.wait_s = 0.0  # trainer time spent waiting for batches
+        self.generation_idle = 0.0  # as of the last step
+        self._threads_before = torch.get_num_threads()
+        self._start = time.monotonic()
+
+    def _trainer_threads(self) -> int:
+        """The trainer's torch threads. Locally torch's thread count is per process, so the
+        trainer and each worker thread all get an even share; actors of a local Ray take
+        `rollout_threads` each (1 by default) off the machine; a cluster's actors take none."""
+        workers, total = self.cfg.rollout_workers, self._threads_before
+        if self.cfg.backend == "local":
+            return max(1, self.cfg.rollout_threads or total // (workers + 1))
+        if self.cfg.ray_address is None:
+            return max(1, total - workers * (self.cfg.rollout_threads or 1))
+        return total
+
+    def _make_backend(self, faults: FaultPlan | None) -> Backend:
+        if self.cfg.backend == "ray":
+            from leantrain.rl.ray_backend import RayBackend
+
+            return RayBackend(self.run.config, faults)
+        from leantrain.rl.async_local import LocalBackend
+
+        return LocalBackend(self.run.config, self.store, faults)
+
+    def __enter__(self) -> AsyncOrchestrator:
+        torch.set_num_threads(self._trainer_threads())
+        for slot in range(self.backend.workers):
+            self.backend.start(slot)
+        self._publish()
+        self._start = time.monotonic()
+        self.dispatcher.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.dispatcher.stop()
+        self.backend.shutdown()
+        torch.set_num_threads(self._threads_before)
+
+    def _publish(self) -> float:
+        """Publish the trainer's weights as (step, version); returns seconds."""
+        t0 = time.perf_counter()
+        payload = self.backend.publish(self.run.model)
+        self.store.publish(self.run.step, self.run.version, payload)
+        return time.perf_counter() - t0
+
+    def _doing(self, what: str, busy: bool) -> None:
+        self.trainer.doing, self.trainer.since, self.trainer.busy = what, time.monotonic(), busy
+
+    def step(self, totals: Timer) -> dict[str, Any]:
+        """Train on the oldest batch (waiting for it if need be), publish the new weights, log."""
+        run = self.run
+        t0 = time.perf_counter()
+        self._doing(f"waiting for batch {run.step}", busy=False)
+        # The dispatcher replaces a dead or stalled worker within timeout_s, at most
+        # max_restarts times; past that budget the trainer stops waiting.
+        batch: RolloutBatch = self.buffer.get(
+            timeout=self.cfg.timeout_s * (self.cfg.max_restarts + 2),
+            check=self.dispatcher.check,
+            describe=self.dispatcher.describe,
+        )
+        wait_s = time.perf_counter() - t0
+        self.wait_s += wait_s
+        staleness = [run.version - min(t.versions, default=run.version) for t in batch.trajectories]
+        self._doing(f"training step {run.step + 1}", busy=True)
+        t1 = time.perf_counter()
+        stats = run.train_step(
+            batch.trajectories, correction=self.cfg.off_policy, is_cap=self.cfg.is_cap
+        )
+        train_s = time.perf_counter() - t1
+        run.step += 1
+        self._doing(f"publishing the weights of step {run.step}", busy=True)
+        publish_s = self._publish()
+        self._doing("logging", busy=False)
+        self.max_staleness_seen = max(self.max_staleness_seen, *staleness)
+        self.weight_sync_s.append(publish_s + batch.weight_sync_s)
+        self.generation_idle = self._generation_idle()
+        totals.generate_s += batch.generate_s
+        totals.train_s += train_s
+        mixed = sum(len(set(t.versions)) > 1 for t in batch.trajectories)
+        return run.log_step(
+            batch.trajectories,
+            stats,
+            gen_s=batch.generate_s,
+            train_s=train_s,
+            idle_s=wait_s,
+            staleness_max=max(staleness),
+            staleness_mean=float(np.mean(staleness)),
+            mixed_version_trajectories=mixed,
+            batch_version=batch.version,
+            batch_attempt=batch.attempt,
+            weight_publish_s=round(publish_s, 4),
+            weight_load_s=round(batch.weight_sync_s, 4),
+            versions_held=len(self.store.held()),
+            worker_restarts=self.dispatcher.restarts,
+            duplicates_rejected=self.buffer.duplicates,
+            generation_idle_fraction=round(self.generation_idle, 4),
+        )
+
+    def _generation_idle(self) -> float:
+        """Share of worker time (workers x seconds since start) not spent on a batch."""
+        elapsed = (time.monotonic() - self._start) * self.backend.workers
+        jobs = list(self.dispatcher.running.values())  # a snapshot, as in `describe`
+        running = sum(time.monotonic() - j.started for j in jobs)
+        return max(0.0, 1.0 - (self.dispatcher.busy_s + running) / max(elapsed, 1e-9))
+
+    def summary(self) -> dict[str, Any]:
+        """The async fields of the run summary. `seconds_generating` is worker time, which
+        overlaps training; `seconds_idle` is the trainer's time waiting for batches."""
+        return {
+            "mode": self.cfg.mode,
+            "backend": self.cfg.backend,
+            "max_staleness": self.cfg.max_staleness,
+            "max_observed_staleness": self.max_staleness_seen,
+            "seconds_idle": round(self.wait_s, 2),
+            "generation_idle_fraction": round(self.generation_idle, 4),
+            "weight_sync_s_mean": round(float(np.mean(self.weight_sync_s)), 4)
+            if self.weight_sync_s
+            else 0.0,
+            "worker_restarts": self.dispatcher.restarts,
+            "duplicates_rejected": self.buffer.duplicates,
+        }

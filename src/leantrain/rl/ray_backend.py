@@ -1,0 +1,92 @@
+"""The Ray backend of asynchronous RL: each rollout worker is a Ray actor (its own process, so no
+GIL is shared with the trainer), and weights are published once per step into the object store
+with their version; a worker fetches a version only when it does not hold it already.
+
+Knows nothing about scheduling (rl/orchestrator.py does that). `ray.init` starts a local Ray on
+this machine unless `orchestrator.ray_address` names a cluster; a Ray already initialised by the
+caller is used as it is. Every call on an actor is a Future the dispatcher waits on with its
+timeout; a dead actor (its process gone) surfaces as that Future's exception, and a stalled
+one is killed with `ray.kill` and replaced.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from typing import Any
+
+import torch
+
+from leantrain.config import RLConfig
+from leantrain.errors import LeantrainError
+from leantrain.rl.buffer import Published
+from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
+
+
+class _Actor:
+    """The body of a rollout actor: a `RolloutWorker` in a process of its own."""
+
+    def __init__(self, config: RLConfig, name: str, threads: int, faults: FaultPlan | None) -> None:
+        torch.set_num_threads(threads)
+        self.worker = RolloutWorker(config, name, faults)
+        self.timeout_s = config.orchestrator.timeout_s
+
+    def generate(self, index: int, attempt: int, version: int, weights: list[Any]) -> Any:
+        import ray
+
+        # The reference travels inside a list so Ray does not fetch it before the call: a worker
+        # that already holds this version skips the transfer.
+        state = None
+        if version != self.worker.version:
+            state = ray.get(weights[0], timeout=self.timeout_s)
+        return self.worker.generate(index, attempt, version, state)
+
+
+class RayBackend:
+    """Rollout workers as Ray actors; see `orchestrator.Backend` for the interface."""
+
+    def __init__(self, config: RLConfig, faults: FaultPlan | None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise LeantrainError(
+                "orchestrator.backend ray needs Ray: pip install 'ray>=2.9'"
+            ) from None
+        self.ray = ray
+        self.config = config
+        self.faults = faults
+        self.workers = config.orchestrator.rollout_workers
+        o = config.orchestrator
+        self.threads = o.rollout_threads or 1
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user Ray
+            if o.ray_address is None:
+                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=o.ray_address, log_to_driver=False)
+        self._remote = ray.remote(num_cpus=0)(_Actor)
+        self._actors: list[Any] = [None] * self.workers
+        self._generation = 0
+
+    def start(self, slot: int) -> None:
+        self._generation += 1
+        name = f"ray-worker-{slot}.{self._generation}"
+        self._actors[slot] = self._remote.remote(self.config, name, self.threads, self.faults)
+
+    def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
+        actor = self._actors[slot]
+        ref = actor.generate.remote(index, attempt, weights.version, [weights.payload])
+        return ref.future()
+
+    def publish(self, model: torch.nn.Module) -> Any:
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        return self.ray.put(state)
+
+    def abandon(self, slot: int) -> None:
+        actor, self._actors[slot] = self._actors[slot], None
+        if actor is not None:
+            self.ray.kill(actor, no_restart=True)
+
+    def shutdown(self) -> None:
+        for slot in range(self.workers):
+            self.abandon(slot)

@@ -1,0 +1,178 @@
+"""A rollout worker: its own copy of the policy and its own rollout engine; given a step index and
+a weight version, it generates and scores that step's batch. The same class runs in a thread
+(rl/async_local.py) or inside a Ray actor (rl/ray_backend.py).
+
+Knows nothing about scheduling, buffers or other workers. Two ways to use a version:
+
+- `async` (DORA's intra-trajectory consistency): the whole batch is generated on the version it
+  started on; weights published meanwhile wait for the next batch.
+- `partial` (abort and resume, as slime's fully-async mode and PipelineRL): the batch decodes in
+  segments of `segment_tokens`; before each segment the worker loads the newest version if there
+  is one, and in-flight sequences resume on it (re-prefilled from their tokens so far). Each
+  token records the version that sampled it; the loss corrects for the mix (rl/off_policy.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from leantrain.config import RLConfig
+from leantrain.errors import LeantrainError
+from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.models import load_model, pick_device
+from leantrain.rl.buffer import RolloutBatch
+from leantrain.rl.grpo import compute_autocast, step_batch, to_trajectory
+from leantrain.tasks import make_task
+
+# Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
+_SEGMENT_SEED_STRIDE = 1_000_033
+
+
+class WorkerCrash(RuntimeError):
+    """An injected fault: the worker dies with its batch generated but not delivered."""
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """Faults to inject, for tests: each is a (batch index, attempt) pair.
+
+    Attributes:
+        crash: the worker dies after generating the batch, before delivering it.
+        stall: the worker hangs for `stall_s` seconds after generating the batch.
+        stall_s: how long a stall lasts.
+        hard_exit: a crash kills the process (a Ray actor's death) instead of raising.
+    """
+
+    crash: frozenset[tuple[int, int]] = frozenset()
+    stall: frozenset[tuple[int, int]] = frozenset()
+    stall_s: float = 60.0
+    hard_exit: bool = False
+
+    def strike(self, index: int, attempt: int) -> None:
+        if (index, attempt) in self.stall:
+            time.sleep(self.stall_s)
+        if (index, attempt) in self.crash:
+            if self.hard_exit:
+                os._exit(1)
+            raise WorkerCrash(f"injected crash on batch {index}, attempt {attempt}")
+
+
+# partial mode: () -> (version, weights) of the newest published version, or None.
+NewestWeights = Callable[[], tuple[int, Any] | None]
+
+
+class RolloutWorker:
+    """One policy copy and engine; `generate` turns (step, version) into a scored batch."""
+
+    def __init__(self, config: RLConfig, name: str, faults: FaultPlan | None = None) -> None:
+        self.config = config
+        self.name = name
+        self.faults = faults or FaultPlan()
+        # On CUDA the copy shares the trainer's GPU (colocated rollouts); fp32 like the trainer.
+        self.device = pick_device(config.device)
+        self.model, self.tokenizer = load_model(
+            config.model.name, device=str(self.device), dtype="float32"
+        )
+        self.model.eval().requires_grad_(False)
+        self.engine = Engine(self.model, self.tokenizer, max_batch_size=config.max_batch_size)
+        self.task = make_task(config.task.name, **config.task.options)
+        s = config.sampling
+        self.sampling = SamplingParams(
+            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
+        )
+        self.version = -1  # nothing loaded yet
+
+    def load(self, version: int, weights: dict[str, torch.Tensor]) -> float:
+        """Load a published version (a state dict) into this worker's copy; returns seconds."""
+        t0 = time.perf_counter()
+        self.model.load_state_dict(weights)
+        self.version = version
+        return time.perf_counter() - t0
+
+    def generate(
+        self,
+        index: int,
+        attempt: int,
+        version: int,
+        weights: dict[str, torch.Tensor] | None,
+        newest: NewestWeights | None = None,
+    ) -> RolloutBatch:
+        """Generate and score batch `index` starting on `version` (`weights`, or None when this
+        worker already holds it). Partial mode polls `newest` between segments."""
+        sync_s = switch_s = 0.0
+        if version != self.version:
+            if weights is None:
+                raise LeantrainError(
+                    f"{self.name} holds version {self.version} but was sent no weights for "
+                    f"version {version}"
+                )
+            sync_s += self.load(version, weights)
+        t0 = time.perf_counter()
+        examples, prompts, seed = step_batch(self.task, self.tokenizer, self.config, index)
+        with compute_autocast(self.config, self.device):
+            if self.config.orchestrator.mode == "partial":
+                completions, versions, switch_s = self._segments(prompts, seed, newest)
+            else:
+                completions = self.engine.generate(prompts, self.sampling, seed=seed)
+                versions = [[version] * len(c.response_ids) for c in completions]
+        self.faults.strike(index, attempt)
+        group = self.config.grpo.group_size
+        reward_weights = self.config.task.reward_weights
+        trajectories = [
+            to_trajectory(
+                self.tokenizer, self.task, reward_weights, c, examples[i // group], i // group, v
+            )
+            for i, (c, v) in enumerate(zip(completions, versions, strict=True))
+        ]
+        return RolloutBatch(
+            index=index,
+            trajectories=trajectories,
+            version=version,
+            worker=self.name,
+            attempt=attempt,
+            generate_s=time.perf_counter() - t0 - switch_s,
+            weight_sync_s=sync_s + switch_s,
+        )
+
+    def _segments(
+        self, prompts: list[list[int]], seed: int, newest: NewestWeights | None
+    ) -> tuple[list[Completion], list[list[int]], float]:
+        """Partial mode: decode `segment_tokens` at a time, switching to newer weights between
+        segments. Returns the completions, each token's version, and seconds spent loading."""
+        budget = self.sampling.max_new_tokens
+        segment_tokens = min(budget, self.config.orchestrator.segment_tokens)
+        segment = replace(self.sampling, max_new_tokens=segment_tokens)
+        partial = [Completion(list(p), [], [], "length") for p in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
+        sync_s = 0.0
+        live = list(range(len(prompts)))
+        for k in range(budget):  # at most one segment per token; ends far sooner
+            if not live:
+                break
+            latest = newest() if newest is not None else None
+            if latest is not None and latest[0] > self.version:
+                sync_s += self.load(*latest)  # abort and resume on the new version
+            outs = self.engine.generate(
+                [partial[i].prompt_ids + partial[i].response_ids for i in live],
+                segment,
+                seed=seed + k * _SEGMENT_SEED_STRIDE,
+            )
+            still = []
+            for i, out in zip(live, outs, strict=True):
+                c = partial[i]
+                room = budget - len(c.response_ids)
+                c.response_ids += out.response_ids[:room]
+                c.logprobs += out.logprobs[:room]
+                versions[i] += [self.version] * min(room, len(out.response_ids))
+                if out.finish_reason != "length" and len(out.response_ids) <= room:
+                    c.finish_reason = out.finish_reason  # eos or stop: finished
+                elif len(c.response_ids) < budget:
+                    still.append(i)  # cut by the segment, not the budget: goes on
+            live = still
+        return partial, versions, sync_s
