@@ -1,0 +1,204 @@
+"""Peak memory of one fine-tuning step against sequence length: full fine-tuning, LoRA, LoRA with
+activation checkpointing, LARS and LoRA+LARS, on the same model, batch and tokens.
+
+Each method runs in its own fresh process (so no method inherits another's allocator state),
+started with `MALLOC_MMAP_THRESHOLD_=65536` so glibc returns every freed tensor to the OS and the
+resident set follows live memory. Per sequence length (ascending) the process takes one unmeasured
+step (the optimizer allocates its state there), then one measured step: forward, backward,
+optimizer step. Peak = resident-set high-water mark of the measured step minus the resident set
+before it (`leantrain.memory.measure_step`); the exact bytes autograd saved for backward are
+counted beside it. Inputs are the same random token ids for every method (batch 1, loss on every
+token). The method setup is `leantrain tune`'s own (`SFTRun`), LoRA r=8 and LARS rank 8 on every
+projection.
+
+Accuracy beside memory: each method also runs `configs/tiny-sft.yaml` (SFT on `arith` worked
+solutions, 40 steps) and reports held-out greedy accuracy (skipped by `--quick`), at the learning
+rate that suits it: 5e-4 when the full weights train (full, lars; 2e-3 degrades the half-trained
+tiny model), 2e-3 for LoRA adapters (LoRA, LoRA+ckpt, LoRA+LARS).
+
+    python benchmarks/memory.py            # lengths 256..4096, accuracy after the config's steps
+    python benchmarks/memory.py --quick    # lengths 256..4096 (fewer), no accuracy; < 2 min
+
+Writes benchmarks/results/memory.json (keys `lars_vs_lora_mem_ratio_longest`, `seq_lens`, and
+`details`) and memory.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "memory.json"
+CONFIG = Path(__file__).parents[1] / "configs" / "tiny-sft.yaml"
+METHODS = ("full", "lora", "lora+ckpt", "lars", "lora+lars")
+ADAPTER_LR = 2e-3  # LoRA adapters start at zero and take a larger rate than the full weights
+
+
+def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> None:
+    """Measure `method` at each length, print one JSON line per result."""
+    import torch
+
+    from leantrain.config import load_settings
+    from leantrain.memory import measure_step
+    from leantrain.memory.sft import SFTRun, TuneConfig
+    from leantrain.models.finetune import backward_token_mean
+
+    torch.set_num_threads(1)
+    base, checkpointing = method.removesuffix("+ckpt"), method.endswith("+ckpt")
+    with tempfile.TemporaryDirectory() as tmp:
+        overrides = {
+            "method": base,
+            "gradient_checkpointing": checkpointing,
+            "model.name": model,
+            "device": "cpu",
+        }
+        cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "mem", eval_size=1, **overrides)
+        run = SFTRun(cfg, progress=False)
+        vocab = run.model.get_input_embeddings().num_embeddings
+        generator = torch.Generator().manual_seed(0)
+        run.model.train()
+        for n in lens:
+            ids = torch.randint(0, vocab, (1, n), generator=generator)
+
+            def step(ids: torch.Tensor = ids) -> None:
+                backward_token_mean(run.model, [(ids, ids)])
+                run.optimizer.step()
+                run.optimizer.zero_grad(set_to_none=True)
+
+            step()  # unmeasured: optimizer state, first-touch of buffers
+            mem = measure_step(run.model, step)
+            print(json.dumps({"seq_len": n, **mem.__dict__}), flush=True)
+        if with_accuracy:
+            if base.startswith("lora"):
+                overrides["lr"] = ADAPTER_LR
+            cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "acc", **overrides)
+            summary = SFTRun(cfg, progress=False).run()
+            print(json.dumps({"accuracy": summary["accuracy_after"]}), flush=True)
+
+
+def measure(method: str, model: str, lens: list[int], with_accuracy: bool) -> dict:
+    """Run `worker` for `method` in a fresh process; its results by kind."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, __file__, "--worker", method, "--model", model]
+    args += ["--lens", *map(str, lens), *([] if with_accuracy else ["--no-accuracy"])]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{method} worker failed:\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    accuracy = next((r["accuracy"] for r in rows if "accuracy" in r), None)
+    return {"steps": [r for r in rows if "seq_len" in r], "accuracy": accuracy}
+
+
+def slope(lens: list[int], values: list[float]) -> float:
+    """Least-squares slope of `values` against `lens` (bytes per token)."""
+    mx, my = sum(lens) / len(lens), sum(values) / len(values)
+    num = sum((x - mx) * (y - my) for x, y in zip(lens, values, strict=True))
+    return num / sum((x - mx) ** 2 for x in lens)
+
+
+def plot(results: dict, lens: list[int], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, res in results.items():
+        ax.plot(lens, [s["peak_bytes"] / 2**20 for s in res["steps"]], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("sequence length (tokens, batch 1)")
+    ax.set_ylabel("peak step memory (MiB)")
+    ax.set_title("Fine-tuning step memory vs sequence length")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer lengths, no accuracy runs")
+    parser.add_argument("--model", default="tiny", help="preset or local HF folder")
+    parser.add_argument("--lens", type=int, nargs="+", help="sequence lengths (ascending)")
+    parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy runs")
+    parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    lens = args.lens or ([256, 1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096])
+    with_accuracy = not (args.quick or args.no_accuracy)
+    if args.worker:
+        worker(args.worker, args.model, lens, with_accuracy)
+        return
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from leantrain.models import resolve_model_path
+
+    resolve_model_path(args.model)  # build the tiny preset once, before the workers race
+    results = {}
+    with Progress(transient=True) as bar:
+        job = bar.add_task("methods", total=len(METHODS))
+        for method in METHODS:
+            bar.update(job, description=f"measuring {method}")
+            results[method] = measure(method, args.model, lens, with_accuracy)
+            bar.advance(job)
+
+    peaks = {m: [s["peak_bytes"] for s in r["steps"]] for m, r in results.items()}
+    slopes = {m: slope(lens, p) for m, p in peaks.items()}
+    lora_last = peaks["lora"][-1]
+    table = Table(title=f"peak step memory (MiB), model {args.model}, batch 1")
+    table.add_column("method")
+    for n in lens:
+        table.add_column(str(n), justify="right")
+    table.add_column(f"vs LoRA @{lens[-1]}", justify="right")
+    table.add_column("KiB/token", justify="right")
+    table.add_column("accuracy", justify="right")
+    for method, p in peaks.items():
+        acc = results[method]["accuracy"]
+        table.add_row(
+            method,
+            *(f"{b / 2**20:.1f}" for b in p),
+            f"{p[-1] / lora_last:.2f}x",
+            f"{slopes[method] / 1024:.1f}",
+            "-" if acc is None else f"{acc:.1%}",
+        )
+    Console().print(table)
+
+    ratio = peaks["lars"][-1] / lora_last
+    out = {
+        "lars_vs_lora_mem_ratio_longest": round(ratio, 4),
+        "seq_lens": lens,
+        "details": {
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "model": args.model,
+            "quick": args.quick,
+            "lora_plus_lars_vs_lora_mem_ratio_longest": round(
+                peaks["lora+lars"][-1] / lora_last, 4
+            ),
+            "slope_bytes_per_token": {m: round(s) for m, s in slopes.items()},
+            "lars_vs_lora_slope_ratio": round(slopes["lars"] / slopes["lora"], 4),
+            "accuracy_config": str(CONFIG.relative_to(CONFIG.parents[1]))
+            if with_accuracy
+            else None,
+            "results": results,
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    plot(results, lens, RESULTS.with_suffix(".png"))
+    print(f"LARS / LoRA peak at {lens[-1]} tokens: {ratio:.3f}  (target <= 0.67)")
+    print(f"wrote {RESULTS} and {RESULTS.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Peak memory of one training step, and the exact bytes autograd saves for backward.
+
+- CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, minus the memory
+  allocated before the step.
+- CPU: PyTorch has no allocator statistics on CPU, so the peak is the process's resident set
+  high-water mark (Linux `VmHWM`, reset through `/proc/self/clear_refs`) minus the resident set
+  before the step, plus nothing else: tracemalloc's peak of Python-heap allocations is reported
+  beside it (it lives inside the resident set already). For the RSS to follow tensor lifetimes,
+  glibc must hand big blocks back to the OS when they are freed: start the process with
+  `MALLOC_MMAP_THRESHOLD_=65536` (benchmarks/memory.py does); otherwise freed memory can stay
+  resident and later peaks read low.
+- Saved activations: a `saved_tensors_hooks` pair counts every distinct storage autograd keeps for
+  backward during the step (parameters excluded). It is exact and noise-free, so tests use it.
+
+Knows nothing about which model or method is being measured.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """What one measured step used, in bytes.
+
+    Attributes:
+        peak_bytes: peak memory above what was in use before the step (see module docstring).
+        saved_activation_bytes: distinct storages autograd saved for backward (no parameters).
+        python_peak_bytes: tracemalloc's peak of Python-heap allocations during the step.
+        source: how `peak_bytes` was measured: "cuda", "rss" or "rss-lifetime" (a kernel without
+            a resettable high-water mark: the process's lifetime peak, an upper bound).
+    """
+
+    peak_bytes: int
+    saved_activation_bytes: int
+    python_peak_bytes: int
+    source: str
+
+
+def _status_kib(field: str) -> int:
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in {_STATUS}")
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        _CLEAR_REFS.write_text("5")  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        return False
+    return True
+
+
+class _SavedTensorCounter:
+    """saved_tensors_hooks that add up distinct non-parameter storages saved for backward."""
+
+    def __init__(self, params: set[int]) -> None:
+        self.params = params
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.params and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += storage.nbytes()
+        return t
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+def measure_step(model: nn.Module, step: Callable[[], object]) -> StepMemory:
+    """Run `step()` (forward, backward, optimizer step of `model`) once and measure it."""
+    device = next(model.parameters()).device
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    counter = _SavedTensorCounter(params)
+    hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack)
+    tracemalloc.start()
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            with hooks:
+                step()
+            torch.cuda.synchronize(device)
+            peak, source = torch.cuda.max_memory_allocated(device) - before, "cuda"
+        else:
+            source = "rss" if _reset_rss_peak() else "rss-lifetime"
+            before = _status_kib("VmRSS")
+            with hooks:
+                step()
+            peak = (_status_kib("VmHWM") - before) * 1024
+        _, python_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return StepMemory(max(0, peak), counter.bytes, python_peak, source)

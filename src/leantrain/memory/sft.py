@@ -1,0 +1,397 @@
+"""Supervised fine-tuning with a choice of memory trade-off: `full`, `lora` (peft), `lars`
+(LARS-compressed activations on the full weights of the targeted projections) or `lora+lars`.
+
+One step: draw `batch_size` (prompt, completion) pairs from the built-in task's worked solutions
+or the user's JSONL, batch them into right-padded chunks (`models.finetune.completion_chunks`),
+run one token-weighted backward over them, clip, and take an AdamW step. Accuracy on held-out
+prompts (greedy decoding, scored by the task, or exact match for JSONL rows) is measured before
+and after. The run folder gets metrics.jsonl, metrics.png, summary.json and completions.jsonl.
+
+    from leantrain.memory.sft import SFTRun, TuneConfig
+    summary = SFTRun(TuneConfig(method="lars", steps=100)).run()
+
+Knows nothing about how several processes split a sequence: a sequence-parallel launcher passes
+a `StepHooks` object (its backward shards the batch and reduces gradients; only the main rank
+evaluates and writes), which is how `leantrain tune --sequence-parallel P` composes this loop
+with `leantrain.parallel` without the two packages importing each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from leantrain.config import ModelConfig, Strict
+from leantrain.errors import LeantrainError
+from leantrain.generation import Engine, SamplingParams
+from leantrain.memory.lars import apply_lars
+from leantrain.models import encode_prompt, load_model, pick_device
+from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.tasks import Example, make_task
+from leantrain.telemetry import JsonlSink, plot_metrics
+
+Method = Literal["full", "lora", "lars", "lora+lars"]
+Pair = tuple[list[int], list[int]]
+PLOT_KEYS = ("loss", "grad_norm", "lr", "step_s")
+_EVAL_SEED_OFFSET = 1_000_003
+# Every projection of a Llama/Qwen-style decoder layer.
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(Strict):
+    r: int = Field(8, ge=1, description="LoRA rank: adapter size; higher learns more, costs more.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (update x alpha / r).")
+
+
+class LarsSettings(Strict):
+    rank: int = Field(
+        8,
+        ge=1,
+        description="Rank of the saved activation subspace. Memory per token per layer is rank "
+        "numbers instead of the layer's input width; the gradient is exact at rank >= that width.",
+    )
+
+
+class TuneConfig(Strict):
+    """An SFT run: `leantrain tune --config FILE` loads one of these."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: str = Field(
+        "sentiment", description="Built-in task whose worked solutions are the training data."
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="Task constructor options, e.g. {max_words: 3}."
+    )
+    data: Path | None = Field(
+        None,
+        description="JSONL of {prompt, completion} rows to train on instead of the task; the "
+        "last `eval_size` rows are held out and scored by exact match.",
+    )
+    method: Method = Field(
+        "lars",
+        description="full: every weight (most memory); lora: peft adapters (few parameters, but "
+        "activations still grow with length); lars: full weights of `targets` with activations "
+        "saved at low rank; lora+lars: LoRA with LARS-compressed adapter inputs (least memory).",
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: list(LLAMA_PROJECTIONS),
+        description="Linear layers LoRA and LARS adapt (module name endings).",
+    )
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    lars: LarsSettings = Field(default_factory=LarsSettings)
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer in backward: less memory, about 30% more time."
+    )
+    steps: int = Field(100, ge=0, description="Optimizer steps.")
+    batch_size: int = Field(32, ge=1, description="Examples per optimizer step.")
+    chunks: int = Field(1, ge=1, description="Forward passes per step (memory vs speed).")
+    lr: float = Field(
+        2e-3,
+        gt=0,
+        description="Peak AdamW learning rate (linear warm-up, cosine to 10%). LoRA and small "
+        "models take larger rates than full fine-tuning of big ones.",
+    )
+    warmup_steps: int = Field(5, ge=0, description="Linear learning-rate warm-up.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
+    eval_size: int = Field(200, ge=1, description="Held-out prompts for accuracy before/after.")
+    max_new_tokens: int = Field(16, ge=1, description="Greedy response cap when evaluating.")
+    seed: int = Field(0, description="Seeds data, initialization and adapters.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA if any.")
+    out: Path = Field(Path("runs/tune"), description="Run folder: metrics, plot, summary.")
+    log_completions: int = Field(4, ge=0, description="Held-out completions kept after training.")
+
+
+class StepHooks:
+    """How one step's backward runs and who writes: the single-process default. A
+    sequence-parallel launcher passes an object with the same members
+    (`leantrain.parallel.SequenceParallelHooks`)."""
+
+    is_main: bool = True
+
+    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Called once the model is set up, before the optimizer is built."""
+
+    def backward(
+        self, model: PreTrainedModel, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> float:
+        """Token-weighted backward over `chunks`; returns the mean loss."""
+        return backward_token_mean(model, chunks)
+
+    @contextlib.contextmanager
+    def single_process(self, model: PreTrainedModel) -> Iterator[None]:
+        """Context in which `model` runs as a plain single-process model (for evaluation)."""
+        yield
+
+
+def load_pairs_jsonl(path: Path) -> list[dict[str, str]]:
+    """Rows of a {prompt, completion} JSONL file; one LeantrainError lists every bad line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LeantrainError(f"data: cannot read {path}: {e}") from None
+    rows, bad = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            bad.append(f"line {number}: invalid JSON ({e.msg})")
+            continue
+        if not isinstance(obj, dict) or not all(
+            isinstance(obj.get(k), str) for k in ("prompt", "completion")
+        ):
+            bad.append(f"line {number}: expected string fields 'prompt' and 'completion'")
+            continue
+        rows.append({"prompt": obj["prompt"], "completion": obj["completion"]})
+    if bad:
+        raise LeantrainError(f"data {path}: {len(bad)} bad row(s): " + "; ".join(bad[:10]))
+    if len(rows) < 2:
+        raise LeantrainError(f"data {path}: needs at least 2 rows (train and held-out)")
+    return rows
+
+
+class SFTRun:
+    """An SFT run: set up in the constructor, then `run()`. `train_step` and `evaluate` are
+    public so tests and benchmarks can drive a run step by step.
+
+    Setup order: model, then method (LoRA wraps the model, LARS replaces layers inside it), then
+    optimizer over what is left trainable, then data, then outputs.
+    """
+
+    def __init__(
+        self, config: TuneConfig, *, hooks: StepHooks | None = None, progress: bool = True
+    ) -> None:
+        self.config = config
+        self.hooks = hooks or StepHooks()
+        self.progress = progress
+        self.out = Path(config.out)
+        self.device = pick_device(config.device)
+        torch.manual_seed(config.seed)
+        self._setup_model()
+        self._setup_method()
+        self.hooks.attach(self.model, self.tokenizer)
+        self._setup_optimizer()
+        self._setup_data()
+        if self.hooks.is_main:
+            self._setup_outputs()
+
+    # ----------------------------------------------------------------- setup
+    def _setup_model(self) -> None:
+        self.model, self.tokenizer = load_model(
+            self.config.model.name, device=str(self.device), dtype="float32"
+        )
+        self.model.config.use_cache = False
+        if self.config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable({"use_reentrant": False})
+
+    def _setup_method(self) -> None:
+        """Make the chosen parameters trainable and swap in LoRA/LARS layers, in place: the HF
+        model object (`self.model`) stays the one that is trained and evaluated."""
+        cfg, method = self.config, self.config.method
+        if method == "full":
+            return
+        if method in ("lora", "lora+lars"):
+            from peft import LoraConfig, inject_adapter_in_model
+
+            lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=cfg.targets)
+            self.model.requires_grad_(False)
+            try:
+                inject_adapter_in_model(lora, self.model)
+            except ValueError as e:
+                raise LeantrainError(f"targets: {e}") from None
+        else:  # lars: the targeted projections train their full weights
+            self.model.requires_grad_(False)
+            for name, module in self.model.named_modules():
+                if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in cfg.targets:
+                    module.weight.requires_grad_(True)
+        if method in ("lars", "lora+lars"):
+            self.lars_layers = apply_lars(self.model, cfg.lars.rank, cfg.targets)
+
+    def _setup_optimizer(self) -> None:
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=self.config.lr, weight_decay=0.0)
+        self.step = 0
+
+    def _setup_data(self) -> None:
+        cfg = self.config
+        self.rng = random.Random(cfg.seed)
+        if cfg.data is not None:
+            rows = load_pairs_jsonl(Path(cfg.data))
+            held = min(cfg.eval_size, len(rows) // 2)
+            self.train_rows = [self._encode(r["prompt"], r["completion"]) for r in rows[:-held]]
+            self.heldout = [Example(r["prompt"], r["completion"]) for r in rows[-held:]]
+            self.task = None
+        else:
+            self.task = make_task(cfg.task, **cfg.task_options)
+            self.train_rows = None
+            self.heldout = self.task.examples(cfg.eval_size, cfg.seed + _EVAL_SEED_OFFSET)
+            probe = self.task.sample(random.Random(0))
+            if probe.solution is None:
+                raise LeantrainError(
+                    f"task {cfg.task!r} has no worked solutions to fine-tune on; pass --data"
+                )
+
+    def _setup_outputs(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics = JsonlSink(self.out / "metrics.jsonl")
+        if self.metrics.path.exists():
+            raise LeantrainError(f"run folder {self.out} already holds a run; choose another --out")
+        self.completions = JsonlSink(self.out / "completions.jsonl")
+
+    def _encode(self, prompt: str, completion: str) -> Pair:
+        ids = self.tokenizer.encode(completion, add_special_tokens=False)
+        return encode_prompt(self.tokenizer, prompt), [*ids, self.tokenizer.eos_token_id]
+
+    def _batch(self) -> list[Pair]:
+        n = self.config.batch_size
+        if self.train_rows is not None:
+            return [self.rng.choice(self.train_rows) for _ in range(n)]
+        assert self.task is not None
+        examples = [self.task.sample(self.rng) for _ in range(n)]
+        return [self._encode(ex.prompt, ex.solution or "") for ex in examples]
+
+    # ----------------------------------------------------------------- train
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to `lr`, then cosine decay to 10% of it at the last step."""
+        cfg = self.config
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    def train_step(self, pairs: list[Pair] | None = None) -> dict[str, float]:
+        """One optimizer step on `pairs` (default: the next batch); returns its stats."""
+        start = time.perf_counter()
+        pairs = self._batch() if pairs is None else pairs
+        chunks = completion_chunks(pairs, self.tokenizer.pad_token_id, self.config.chunks)
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        loss = self.hooks.backward(self.model, chunks)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.step += 1
+        tokens = sum(int(ids.numel()) for ids, _ in chunks)
+        return {
+            "step": self.step,
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens,
+            "step_s": round(time.perf_counter() - start, 4),
+        }
+
+    # ------------------------------------------------------------------ eval
+    def evaluate(self, keep: int = 0) -> tuple[float, list[dict[str, Any]]]:
+        """Accuracy on the held-out prompts, and the first `keep` greedy completions.
+
+        A classification task (one with verbalised `labels`, like `sentiment`) is scored by its
+        verbalisers: the prediction is the label whose tokens the model finds most likely after
+        the prompt, as MeZO evaluates prompt-based classification. That measures the decision
+        even before the model has learnt to write the label word by itself. Other tasks are
+        scored on greedy completions (exact match for JSONL rows).
+        """
+        params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=0.0)
+        prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in self.heldout]
+        labels = getattr(self.task, "labels", None)
+        with self.hooks.single_process(self.model):
+            generated = prompts if labels is None else prompts[:keep]
+            completions = Engine(self.model, self.tokenizer, max_batch_size=64).generate(
+                generated, params
+            )
+            if labels is not None:
+                predicted = self._classify(prompts, labels)
+        texts = [
+            self.tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in completions
+        ]
+        kept = [
+            {"prompt": ex.prompt, "response": text, "expected": ex.answer}
+            for ex, text in zip(self.heldout[:keep], texts[:keep], strict=False)
+        ]
+        if labels is not None:
+            right = [p == ex.answer for p, ex in zip(predicted, self.heldout, strict=True)]
+        elif self.task is not None:
+            right = [
+                self.task.score(ex, t).get("answer", 0.0)
+                for ex, t in zip(self.heldout, texts, strict=True)
+            ]
+        else:
+            right = [
+                t.strip() == ex.answer.strip() for ex, t in zip(self.heldout, texts, strict=True)
+            ]
+        return float(sum(right)) / len(self.heldout), kept
+
+    @torch.no_grad()
+    def _classify(self, prompts: list[list[int]], labels: Sequence[str]) -> list[str]:
+        """The most likely label (sum of its token logprobs, EOS included) for each prompt."""
+        scores = []
+        for label in labels:
+            completion = [
+                *self.tokenizer.encode(label, add_special_tokens=False),
+                self.tokenizer.eos_token_id,
+            ]
+            rows = [p + completion for p in prompts]
+            width = max(len(r) for r in rows)
+            pad = self.tokenizer.pad_token_id
+            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
+            logp = self.model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)
+            total = torch.zeros(len(rows), device=self.device)
+            for i, p in enumerate(prompts):  # logits at t predict token t+1
+                steps = torch.arange(len(p) - 1, len(p) - 1 + len(completion), device=self.device)
+                total[i] = logp[i, steps, torch.tensor(completion, device=self.device)].sum()
+            scores.append(total)
+        best = torch.stack(scores).argmax(0)
+        return [labels[int(i)] for i in best]
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        """Train for `config.steps` steps; returns the summary (main rank: also writes it)."""
+        cfg = self.config
+        before = self.evaluate()[0] if self.hooks.is_main else float("nan")
+        start = time.perf_counter()
+        with Progress(
+            *Progress.get_default_columns()[:1],
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not (self.progress and self.hooks.is_main),
+        ) as bar:
+            job = bar.add_task(f"tune ({cfg.method})", total=cfg.steps)
+            while self.step < cfg.steps:
+                record = self.train_step()
+                if self.hooks.is_main:
+                    self.metrics.write(record)
+                bar.update(job, advance=1, description=f"tune loss {record['loss']:.3f}")
+        seconds = time.perf_counter() - start
+        summary: dict[str, Any] = {
+            "steps": self.step,
+            "method": cfg.method,
+            "model": cfg.model.name,
+            "data": str(cfg.data) if cfg.data else cfg.task,
+            "trainable_parameters": sum(p.numel() for p in self.trainable),
+            "seconds_training": round(seconds, 2),
+        }
+        if not self.hooks.is_main:
+            return summary
+        after, kept = self.evaluate(keep=cfg.log_completions)
+        for row in kept:
+            self.completions.write({"step": self.step, **row})
+        summary.update(accuracy_before=before, accuracy_after=after, eval_size=len(self.heldout))
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
+        return summary

@@ -1,0 +1,137 @@
+"""Training under Ulysses sequence parallelism: split a batch's tokens across ranks, a
+token-weighted loss that equals the single-process loss, and gradients summed over ranks.
+
+Labels are shifted on the full sequence before it is split (the label of the last token of shard
+j is the first token of shard j+1), so each rank scores exactly its own positions. Every rank gets
+the same full batch (same seed), so the global count of labelled tokens is known everywhere
+without communication; each rank backpropagates sum(its losses) / global count, and the sum of
+the ranks' gradients is the gradient of the single-process mean.
+
+Knows nothing about optimizers or run folders; `SequenceParallelHooks` plugs into any loop that
+takes a `backward(model, chunks)` (as `leantrain.memory.sft.SFTRun` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from leantrain.errors import LeantrainError
+from leantrain.models.finetune import IGNORE
+from leantrain.parallel import ulysses
+
+
+def shard_batch(
+    ids: torch.Tensor, labels: torch.Tensor, rank: int, world: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's (input ids, position ids, shifted labels), each (B, ceil(T/P)).
+
+    `labels` (B, T) are the usual unshifted labels (IGNORE where no loss). The sequence is right-
+    padded to a multiple of `world`; padded positions carry IGNORE and never reach real tokens
+    under causal attention.
+    """
+    batch, length = ids.shape
+    shifted = torch.full_like(labels, IGNORE)
+    shifted[:, :-1] = labels[:, 1:]
+    local = -(-length // world)  # ceil
+    pad = local * world - length
+    ids = F.pad(ids, (0, pad), value=pad_id)
+    shifted = F.pad(shifted, (0, pad), value=IGNORE)
+    positions = torch.arange(local * world).expand(batch, -1)
+    part = slice(rank * local, (rank + 1) * local)
+    return ids[:, part], positions[:, part], shifted[:, part]
+
+
+def local_loss_sum(model: PreTrainedModel, ids, positions, shifted) -> torch.Tensor:
+    """Sum of next-token cross-entropies over this rank's labelled positions."""
+    logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), shifted.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+
+
+def all_reduce_grads(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> None:
+    """Sum every trainable parameter's gradient over the group (one flat buffer, one call)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def sequence_parallel_backward(
+    model: PreTrainedModel,
+    chunks: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    pad_id: int,
+    group: dist.ProcessGroup | None = None,
+) -> float:
+    """`models.finetune.backward_token_mean` across the ranks of `group`: every rank passes the
+    same `chunks`; afterwards every rank holds the full gradient. Returns the mean loss."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = next(model.parameters()).device
+    n_tokens = sum(int((labels[:, 1:] != IGNORE).sum()) for _, labels in chunks)
+    total = torch.zeros((), device=device)
+    for ids, labels in chunks:
+        local = [t.to(device) for t in shard_batch(ids, labels, rank, world, pad_id)]
+        loss = local_loss_sum(model, *local) / max(1, n_tokens)
+        loss.backward()
+        total += loss.detach()
+    all_reduce_grads(model, group)
+    dist.all_reduce(total, group=group)
+    return float(total)
+
+
+def init_from_env() -> tuple[int, int]:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT): NCCL on
+    GPUs, gloo on CPU. Returns (rank, world size)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise LeantrainError("sequence parallel: RANK/WORLD_SIZE not set; launch through torchrun")
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), dist.get_world_size()
+
+
+class SequenceParallelHooks:
+    """Step hooks for an SFT loop (`leantrain.memory.sft.StepHooks`'s members): backward through
+    Ulysses attention over `group`, rank 0 evaluates and writes."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.is_main = dist.get_rank(group) == 0
+        self.pad_id = 0
+        self.previous = "sdpa"
+
+    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Check the head count and switch `model`'s attention to Ulysses over the group."""
+        ulysses.check_heads(model.config.num_attention_heads, dist.get_world_size(self.group))
+        self.pad_id = tokenizer.pad_token_id
+        self.previous = model.config._attn_implementation
+        model.set_attn_implementation(ulysses.register(self.group))
+
+    def backward(
+        self, model: PreTrainedModel, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> float:
+        return sequence_parallel_backward(model, chunks, self.pad_id, self.group)
+
+    @contextlib.contextmanager
+    def single_process(self, model: PreTrainedModel) -> Iterator[None]:
+        """The model's own attention while inside (evaluation on one rank)."""
+        model.set_attn_implementation(self.previous)
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(ulysses.ATTENTION_NAME)
