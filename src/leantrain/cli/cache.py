@@ -1,0 +1,148 @@
+"""`leantrain cache serve`: the semantic cache as an OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from pydantic import Field
+
+from leantrain.cli.common import ConfigOpt, DeviceOpt, console, quiet_libraries, user_errors_exit_2
+from leantrain.config import Strict, load_settings
+from leantrain.errors import LeantrainError
+
+
+class CacheServeConfig(Strict):
+    """A cache server: `leantrain cache serve --config FILE` loads one of these."""
+
+    db: Path = Field(
+        Path("runs/cache/cache.sqlite"),
+        description="SQLite file of the cache; it survives restarts (WAL mode).",
+    )
+    policy: Literal["verified", "threshold"] = Field(
+        "verified",
+        description="verified: per-entry learned hits with error bound delta; threshold: hit at "
+        "a fixed similarity (GPTCache's rule; a reversed question can score 0.99).",
+    )
+    delta: float = Field(
+        0.02, gt=0.0, lt=1.0, description="verified: bound on the rate of wrong cached answers."
+    )
+    threshold: float = Field(0.9, ge=-1.0, le=1.0, description="threshold: cosine to hit at.")
+    backend: str = Field(
+        "tiny",
+        description="Who answers misses: a model preset or local HF folder (our engine), or the "
+        "base URL of an OpenAI-compatible server (http://.../v1).",
+    )
+    backend_model: str = Field(
+        "default", description="Model name sent to an OpenAI-compatible backend."
+    )
+    embedder: Literal["minilm", "hashing"] = Field(
+        "minilm",
+        description="minilm: all-MiniLM-L6-v2 (offline package); hashing: word hashes, no "
+        "model (fast, blind to meaning).",
+    )
+    max_entries: int = Field(10_000, ge=1, description="Size bound of the cache.")
+    eviction: Literal["lru", "cost"] = Field(
+        "lru",
+        description="Beyond max_entries evict the least recently used, or the answers that save "
+        "the least backend time ((1 + hits) x cost).",
+    )
+    host: str = Field(
+        "127.0.0.1", description="Address to bind; loopback by default (anything else: a token)."
+    )
+    port: int = Field(8000, ge=1, le=65535, description="TCP port.")
+    max_body_bytes: int = Field(
+        64_000, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of a local model.")
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Semantic cache: serve it over HTTP.", no_args_is_help=True)
+    group.command()(serve)
+    app.add_typer(group, name="cache")
+
+
+@user_errors_exit_2
+def serve(
+    config: ConfigOpt = None,
+    db: Annotated[Path | None, typer.Option(help="SQLite file of the cache.")] = None,
+    policy: Annotated[str | None, typer.Option(help="verified or threshold.")] = None,
+    delta: Annotated[float | None, typer.Option(help="verified: error bound.")] = None,
+    threshold: Annotated[float | None, typer.Option(help="threshold: cosine to hit.")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="Model preset/folder, or OpenAI-compatible base URL.")
+    ] = None,
+    embedder: Annotated[str | None, typer.Option(help="minilm or hashing.")] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
+    device: DeviceOpt = None,
+) -> None:
+    """Serve /v1/chat/completions from the cache (misses go to the backend), /v1/feedback and
+    /metrics. The bearer token, if any, comes from $LEANTRAIN_CACHE_TOKEN (never the command
+    line, where other users can read it); a backend API key from $LEANTRAIN_BACKEND_API_KEY."""
+    cfg = load_settings(
+        CacheServeConfig,
+        config,
+        **{
+            "db": db,
+            "policy": policy,
+            "delta": delta,
+            "threshold": threshold,
+            "backend": backend,
+            "embedder": embedder,
+            "host": host,
+            "port": port,
+            "device": device,
+        },
+    )
+    token = os.environ.get("LEANTRAIN_CACHE_TOKEN") or None
+    if not _is_loopback(cfg.host) and token is None:
+        raise LeantrainError(
+            f"host {cfg.host} is reachable from other machines: set LEANTRAIN_CACHE_TOKEN"
+        )
+    import uvicorn
+
+    from leantrain.serving import backends
+    from leantrain.serving.cache import SemanticCache
+    from leantrain.serving.embedding import make_embedder
+    from leantrain.serving.policy import make_policy
+    from leantrain.serving.server import create_app
+
+    quiet_libraries()
+    if cfg.backend.startswith(("http://", "https://")):
+        api_key = os.environ.get("LEANTRAIN_BACKEND_API_KEY")
+        chat_backend = backends.OpenAIBackend(cfg.backend, cfg.backend_model, api_key)
+    else:
+        chat_backend = backends.EngineBackend(cfg.backend, cfg.device)
+    embed = make_embedder(cfg.embedder)
+    embed(["warm-up"])  # load the embedding model now, not on the first request
+    cache = SemanticCache(
+        cfg.db,
+        embed,
+        make_policy(cfg.policy, threshold=cfg.threshold, delta=cfg.delta),
+        max_entries=cfg.max_entries,
+        eviction=cfg.eviction,
+    )
+    console.print(
+        f"cache [bold]{cfg.db}[/] ({len(cache)} entries), policy [bold]{cfg.policy}[/], "
+        f"backend [bold]{cfg.backend}[/], http://{cfg.host}:{cfg.port}/v1"
+        + (" (bearer token required)" if token else "")
+    )
+    app = create_app(cache, chat_backend, token=token, max_body_bytes=cfg.max_body_bytes)
+    try:
+        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    finally:
+        cache.close()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
