@@ -26,10 +26,7 @@ Writes benchmarks/results/async_rl.json (keys `speedup_k1`, `speedup_k2`, `accur
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import logging
-import platform
 import statistics
 import tempfile
 from pathlib import Path
@@ -42,6 +39,7 @@ from rich.table import Table
 from leantrain.config import load_config
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.simulate import calibrate, simulate
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "async_rl.json"
 MODES = {"sync": ("sync", 0), "k1": ("async", 1), "k2": ("async", 2)}
@@ -182,12 +180,8 @@ def main() -> None:
             "threads_per_side": 1,
             "backend": args.backend,
         },
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out}")
 
 

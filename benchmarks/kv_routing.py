@@ -27,17 +27,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
 import math
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import transformers
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -49,6 +45,7 @@ from leantrain.models import load_model
 from leantrain.models.finetune import IGNORE, backward_token_mean, completion_chunks
 from leantrain.serving.kv_routing import KVRouter, kv_cache_bytes, sharing_pattern
 from leantrain.tasks import ArithTask
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "kv_routing.json"
 DROPS = (0.0, 0.25, 0.5)
@@ -239,13 +236,8 @@ def main() -> None:
             "metric": "held-out next-token accuracy (%) on arith worked solutions",
             **{k: v for k, v in vars(args).items() if k != "out"},
         },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out}")
 
 

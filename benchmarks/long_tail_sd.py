@@ -30,7 +30,6 @@ Writes benchmarks/results/long_tail_sd.json (other models: long_tail_sd_<model>.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -47,6 +46,7 @@ from leantrain.generation.long_tail import LongTail
 from leantrain.generation.speculative import SpeculativeConfig, Speculator
 from leantrain.models import encode_prompt
 from leantrain.rl.grpo import GRPORun
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -193,8 +193,7 @@ def main() -> None:
         f"mean acceptance length {accept:.2f}; greedy identical: {identical}; policy update "
         f"{update_s:.1f} s; arms chosen: {long_tail.speculator.stats.arms}"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(out, report)
     print(f"wrote {out}")
 
 

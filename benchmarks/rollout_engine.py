@@ -22,9 +22,6 @@ Writes benchmarks/results/rollout_engine.json (keys `speedup_b1`, `speedup_b16`,
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -32,13 +29,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import transformers
 from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.generation import Engine, SamplingParams
 from leantrain.tasks import ArithTask
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "rollout_engine.json"
 
@@ -199,13 +196,8 @@ def main() -> None:
             "threads": args.threads,
             "device": str(next(model.parameters()).device),
         },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out}")
 
 

