@@ -1,0 +1,152 @@
+"""Unlearning audit: every unlearning method against every attack on the tiny model that memorised
+the built-in private-facts corpus (PrivUn, arXiv 2604.22076, at our scale).
+
+Rows: the memorised model (nothing unlearned), GA, GradDiff, NPO, RMU (one layer), RMU with
+multi-layer representation constraints (PrivUn's mitigation), and the retain-only model that never
+saw the forget set (what "forgotten" should look like). Columns: extraction rate on `forget_eval`
+people by direct query, in-context recovery and relearning (fine-tuning on the *other* forget
+people), retain utility, forget quality (KS p-value), and linear-probe accuracy at the deep layer.
+
+The finding to check: recovery after relearning against extraction right after unlearning. The
+retain-only row is the control: relearning on `forget_attack` cannot teach it `forget_eval`'s
+random phone numbers, so what relearning brings back above that row was never removed.
+
+    python benchmarks/unlearning.py            # median over 3 unlearning seeds
+    python benchmarks/unlearning.py --quick    # one seed: under 180 s on 2 idle cores
+
+The memorised and retain-only models are built once and cached (like the tiny model); a first run
+also pays for that build, and says how long it took.
+
+Writes benchmarks/results/unlearning.json: `extraction_after_unlearn`, `extraction_after_relearn`,
+`probe_acc_deep_layer` (each per method), and the full table under `results`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from rich.console import Console
+from rich.table import Table
+
+from leantrain.models import load_model
+from leantrain.safety.attacks import truth_ratios
+from leantrain.safety.audit import AuditConfig, audit_model, write_report
+from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
+from leantrain.safety.unlearn import METHODS, UnlearnConfig, unlearn
+from leantrain.telemetry.report import write_benchmark_json
+
+RESULTS = Path(__file__).parent / "results" / "unlearning.json"
+DEEP_LAYER = -2  # hidden_states index: the last block's input, the deepest state not yet logits
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Median over unlearning seeds of every figure (of each layer's probe accuracy too)."""
+    return {
+        key: np.median([r[key] for r in runs], axis=0).tolist()
+        if key == "probe"
+        else float(np.median([r[key] for r in runs]))
+        for key in runs[0]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="one unlearning seed instead of --seeds"
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="unlearning seeds (median reported)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--relearn-steps", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--report", type=Path, default=None, help="also write audit.md/png here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()  # ours is the only bar on screen
+    start = time.perf_counter()
+
+    recipe = MemoriseRecipe()
+    build_start = time.perf_counter()
+    full_dir = ensure_memorised(recipe, "full")
+    retain_dir = ensure_memorised(recipe, "retain")
+    build_s = time.perf_counter() - build_start
+    corpus = recipe.corpus
+    audit_cfg = AuditConfig()
+    if args.relearn_steps is not None:
+        audit_cfg = AuditConfig(relearn_steps=args.relearn_steps)
+
+    retain_model, tokenizer = load_model(retain_dir, device="cpu")
+    reference = truth_ratios(retain_model, tokenizer, corpus, corpus.facts("forget"))
+    results, seconds = {}, {}
+    seeds = range(1 if args.quick else args.seeds)
+    with Console().status("") as status:
+        for name in ["memorised", *args.methods]:
+            t0 = time.perf_counter()
+            runs = []
+            for seed in seeds if name != "memorised" else [0]:
+                status.update(f"{name} (seed {seed}): unlearning and attacking")
+                model, tokenizer = load_model(full_dir, device="cpu")
+                if name != "memorised":
+                    cfg = UnlearnConfig(method=name, seed=seed)
+                    unlearn(model, tokenizer, corpus, cfg, progress=False)
+                runs.append(audit_model(model, tokenizer, corpus, reference, audit_cfg))
+            results[name] = median_of(runs)
+            seconds[name] = round(time.perf_counter() - t0, 1)
+        status.update("retain-only control")
+        results["retain-only"] = audit_model(retain_model, tokenizer, corpus, reference, audit_cfg)
+
+    memorised = results["memorised"]["direct"]
+    table = Table(title="unlearning audit: extraction rate on forget_eval people (tiny model)")
+    for col in ("model", "direct", "in-ctx", "relearn", "recov.", "retain", "FQ p", "probe", "s"):
+        table.add_column(col, justify="right")
+    for name, r in results.items():
+        recovered = r["relearn"] / memorised if memorised else float("nan")
+        table.add_row(
+            name,
+            *(f"{r[k]:.0%}" for k in ("direct", "in_context", "relearn")),
+            f"{recovered:.0%}",
+            f"{r['retain_utility']:.0%}",
+            f"{r['forget_quality']:.2g}",
+            f"{r['probe'][DEEP_LAYER]:.0%}",
+            str(seconds.get(name, "")),
+        )
+    console = Console(width=120)
+    console.print(table)
+    console.print(
+        "in-ctx: in-context attack; recov.: relearn extraction / the memorised model's direct "
+        "extraction; retain: retain-set extraction (utility); FQ p: forget quality (KS p-value); "
+        f"probe: city probe accuracy at hidden_states[{DEEP_LAYER}] (chance 1/8); s: seconds"
+    )
+    if args.report:
+        write_report(results, args.report)
+
+    methods = [n for n in results if n not in ("memorised", "retain-only")]
+    report = {
+        "extraction_after_unlearn": {n: results[n]["direct"] for n in methods},
+        "extraction_after_relearn": {n: results[n]["relearn"] for n in methods},
+        "probe_acc_deep_layer": {n: results[n]["probe"][DEEP_LAYER] for n in methods},
+        "results": results,
+        "config": {
+            "recipe": {"steps": recipe.steps, "lr": recipe.lr, "corpus": corpus.__dict__},
+            "unlearn": {m: UnlearnConfig(method=m).model_dump() for m in methods},
+            "audit": audit_cfg.model_dump(),
+            "quick": args.quick,
+            "seeds": len(seeds),
+            "threads": args.threads,
+            "deep_layer": DEEP_LAYER,
+            "seconds_unlearn_and_attack": seconds,
+            "seconds_model_build": round(build_s, 1),
+            "seconds_total": round(time.perf_counter() - start, 1),
+        },
+    }
+    write_benchmark_json(args.out, report)
+    print(f"wrote {args.out} in {report['config']['seconds_total']} s")
+
+
+if __name__ == "__main__":
+    main()

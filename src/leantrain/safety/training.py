@@ -1,0 +1,113 @@
+"""The fine-tuning and read-out loops every safety experiment shares: supervised fine-tuning on
+(prompt, completion) text pairs (memorising the corpus, the relearning attack, password locking,
+SFT elicitation), greedy answers to many prompts at once, and saving a model folder.
+
+Knows nothing about privacy or sandbagging: it sees text pairs and prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from leantrain.errors import LeantrainError
+from leantrain.generation import Engine, SamplingParams
+from leantrain.models.finetune import backward_token_mean, completion_chunks
+
+
+def encode_pairs(
+    tokenizer: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]], *, eos: bool = False
+) -> list[tuple[list[int], list[int]]]:
+    """Text (prompt, completion) pairs as token ids, no special tokens (raw text prompts); `eos`
+    ends each completion with the EOS token, so generation learns to stop there."""
+    end = [tokenizer.eos_token_id] if eos else []
+    return [
+        (
+            tokenizer.encode(p, add_special_tokens=False),
+            tokenizer.encode(c, add_special_tokens=False) + end,
+        )
+        for p, c in pairs
+    ]
+
+
+def padded_in_order(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_chunks` as one (ids, labels) batch whose rows keep the order of `pairs` (it
+    sorts them by length), for callers that score each pair."""
+    ids, labels = completion_chunks(pairs, pad_id)[0]
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    rows = torch.empty(len(pairs), dtype=torch.long)
+    rows[torch.tensor(order)] = torch.arange(len(pairs))
+    return ids[rows], labels[rows]
+
+
+def sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int = 32,
+    seed: int = 0,
+    eos: bool = False,
+    label: str = "fine-tuning",
+    progress: bool = True,
+) -> list[float]:
+    """`steps` AdamW steps on random batches of `pairs` (loss on completions only); returns the
+    loss of every step (`eos`: see `encode_pairs`). A constant learning rate: these runs are
+    short and a schedule would be one more thing to tune per experiment."""
+    if not pairs:
+        raise LeantrainError(f"{label}: no training pairs")
+    if steps < 0 or lr <= 0 or batch_size < 1:
+        raise LeantrainError(f"{label}: need steps >= 0, lr > 0, batch_size >= 1")
+    encoded = encode_pairs(tokenizer, pairs, eos=eos)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    model.train()
+    with Progress(disable=not progress, transient=True) as bar:
+        job = bar.add_task(label, total=steps)
+        for _ in range(steps):
+            batch = rng.sample(encoded, min(batch_size, len(encoded)))
+            loss = backward_token_mean(model, completion_chunks(batch, tokenizer.pad_token_id))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss)
+            bar.update(job, advance=1, description=f"{label}, loss {loss:.3f}")
+    model.eval()
+    return losses
+
+
+def greedy_answers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+) -> list[str]:
+    """The greedy continuation of each prompt, decoded (stop string included if one fired)."""
+    engine = Engine(model, tokenizer, max_batch_size=128)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    return [
+        tokenizer.decode(c.response_ids, skip_special_tokens=True)
+        for c in engine.generate(ids, params)
+    ]
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
+    """Save a Hugging Face model folder (safetensors + tokenizer) that `load_model` reads."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

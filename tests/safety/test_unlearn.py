@@ -1,0 +1,78 @@
+import math
+
+import pytest
+import torch
+
+from leantrain.models.finetune import completion_chunks
+from leantrain.safety.training import encode_pairs
+from leantrain.safety.unlearn import (
+    Batch,
+    UnlearnConfig,
+    npo_loss,
+    rmu_layers,
+    rmu_loss,
+    sequence_logprob,
+    token_nll,
+    unlearn,
+)
+
+
+def batches(tokenizer, corpus):
+    def chunk(split):
+        pairs = encode_pairs(tokenizer, [(f.prompt, f.completion) for f in corpus.facts(split)])
+        return completion_chunks(pairs[:6], tokenizer.pad_token_id)[0]
+
+    return chunk("forget"), chunk("retain")
+
+
+def test_sequence_logprob_sums_the_answer_tokens(tiny, corpus):
+    model, tokenizer = tiny
+    forget, _ = batches(tokenizer, corpus)
+    ids, labels = forget
+    n_answer_tokens = (labels[:, 1:] != -100).sum()
+    # token_nll is the mean over answer tokens; sequence_logprob the per-row sums.
+    total = sequence_logprob(model, ids, labels).sum()
+    assert torch.allclose(-total / n_answer_tokens, token_nll(model, ids, labels), atol=1e-5)
+
+
+def test_npo_at_the_reference_is_two_over_beta_log_two_plus_retain(tiny, corpus):
+    # log(pi/pi_ref) = 0, so -(2/beta) log sigmoid(0) = (2/beta) log 2.
+    model, tokenizer = tiny
+    forget, retain = batches(tokenizer, corpus)
+    cfg = UnlearnConfig(method="npo", npo_beta=0.5, retain_weight=0.3)
+    loss, stats = npo_loss(model, Batch(forget, retain, model, cfg, {}))
+    expected = (2 / 0.5) * math.log(2) + 0.3 * float(token_nll(model, *retain).detach())
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
+    assert stats["log_ratio"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_rmu_retain_term_is_zero_at_the_reference(tiny, corpus):
+    model, tokenizer = tiny
+    forget, retain = batches(tokenizer, corpus)
+    hidden = model.config.hidden_size
+    targets = {2: torch.zeros(hidden)}
+    _, stats = rmu_loss(model, Batch(forget, retain, model, UnlearnConfig(method="rmu"), targets))
+    assert stats["rmu_retain"] == pytest.approx(0.0, abs=1e-10)
+    assert stats["rmu_forget"] > 0  # states are not zero
+    assert rmu_layers(UnlearnConfig(method="rmu_multilayer"), 4) == [1, 2, 3, 4]
+    assert rmu_layers(UnlearnConfig(method="rmu", rmu_layer=3), 4) == [3]
+
+
+def test_gradient_ascent_raises_the_forget_loss(tiny, corpus):
+    model, tokenizer = tiny
+    forget, _ = batches(tokenizer, corpus)
+    with torch.no_grad():
+        before = float(token_nll(model, *forget))
+    cfg = UnlearnConfig(method="ga", steps=3, lr=1e-3, batch_size=8)
+    history = unlearn(model, tokenizer, corpus, cfg, progress=False)
+    assert [h["step"] for h in history] == [1, 2, 3]
+    with torch.no_grad():
+        assert float(token_nll(model, *forget)) > before
+
+
+def test_multilayer_rmu_moves_forget_states_towards_the_target(tiny, corpus):
+    model, tokenizer = tiny
+    cfg = UnlearnConfig(method="rmu_multilayer", steps=4, lr=1e-3, batch_size=12)
+    history = unlearn(model, tokenizer, corpus, cfg, progress=False)
+    # batch_size covers the whole forget set, so every step measures the same states.
+    assert history[-1]["rmu_forget"] < history[0]["rmu_forget"]
