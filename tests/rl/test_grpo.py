@@ -164,5 +164,5 @@ def test_speculation_refused_with_async_rollouts(small_rl_config: RLConfig) -> N
     data = small_rl_config.model_dump()
     data["speculative"]["enabled"] = True
     data["orchestrator"]["mode"] = "async"
-    with pytest.raises(ValueError, match="orchestrator.mode: sync"):
+    with pytest.raises(ValueError, match=r"orchestrator\.mode: sync"):
         RLConfig.model_validate(data)
