@@ -23,6 +23,7 @@ from transformers import (
 
 from leantrain.errors import LeantrainError
 from leantrain.models.tiny import ensure_tiny, leantrain_home
+from leantrain.models.tiny_tools import ensure_tiny_tools
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -64,7 +65,11 @@ def ensure_smollm2() -> Path:
     return target
 
 
-PRESETS: dict[str, Callable[[], Path]] = {"tiny": ensure_tiny, "smollm2-135m": ensure_smollm2}
+PRESETS: dict[str, Callable[[], Path]] = {
+    "tiny": ensure_tiny,
+    "tiny-tools": ensure_tiny_tools,
+    "smollm2-135m": ensure_smollm2,
+}
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:

@@ -20,6 +20,7 @@ from leantrain.tasks.countdown import CountdownTask
 from leantrain.tasks.jsonl import JsonlTask
 from leantrain.tasks.rewards import RewardWeights, ScoreResult, score_safely, total
 from leantrain.tasks.sentiment import SentimentTask
+from leantrain.tasks.tool_arith import ToolArithTask
 
 TASKS: dict[str, type[Task]] = {
     "arith": ArithTask,
@@ -27,6 +28,7 @@ TASKS: dict[str, type[Task]] = {
     "code": CodeTask,
     "jsonl": JsonlTask,
     "sentiment": SentimentTask,
+    "tool_arith": ToolArithTask,
 }
 
 
@@ -79,6 +81,7 @@ __all__ = [
     "ScoreResult",
     "SentimentTask",
     "Task",
+    "ToolArithTask",
     "check_parts",
     "length_stats",
     "make_task",
