@@ -47,7 +47,9 @@ def quiet_libraries() -> None:
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML run config.")]
 ModelOpt = Annotated[
     str | None,
-    typer.Option("--model", "-m", help="Preset (tiny, smollm2-135m) or local HF folder."),
+    typer.Option(
+        "--model", "-m", help="Preset (tiny, tiny-tools, smollm2-135m) or local HF folder."
+    ),
 ]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run folder.")]
