@@ -166,3 +166,11 @@ def test_speculation_refused_with_async_rollouts(small_rl_config: RLConfig) -> N
     data["orchestrator"]["mode"] = "async"
     with pytest.raises(ValueError, match=r"orchestrator\.mode: sync"):
         RLConfig.model_validate(data)
+
+
+def test_multi_turn_task_refused_with_async_rollouts(small_rl_config: RLConfig) -> None:
+    cfg = small_rl_config.model_copy(deep=True)
+    cfg.task.name = "tool_arith"
+    cfg.orchestrator.mode = "async"
+    with pytest.raises(LeantrainError, match="multi-turn"):
+        GRPORun(cfg, progress=False)

@@ -190,6 +190,12 @@ class GRPORun:
         )
         # Multi-turn tool tasks: rollouts and evaluations become episodes (rl/episodes.py).
         if is_multi_turn(self.task):
+            if self.config.orchestrator.mode != "sync":
+                # The async rollout workers build their own engines and run single-turn.
+                raise LeantrainError(
+                    f"task {t.name!r} is multi-turn and needs orchestrator.mode: sync "
+                    f"(got {self.config.orchestrator.mode!r})"
+                )
             self.engine = EpisodeRunner(self.engine, self.task)
 
     def _setup_optimizer(self) -> None:
