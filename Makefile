@@ -33,8 +33,10 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
+# Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json).
+BENCHMARKS := $(sort $(wildcard benchmarks/*.py))
 bench: $(STAMP)
-	$(BIN)/python benchmarks/rollout_engine.py --quick
+	set -e; for b in $(BENCHMARKS); do echo "== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b --quick; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
