@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from leantrain.errors import LeantrainError
 from leantrain.tasks import make_task
 from leantrain.tasks.sentiment import _NEGATIVE, _POSITIVE, SentimentTask
 
@@ -49,5 +50,5 @@ def test_score_reads_first_word() -> None:
 
 
 def test_bad_options_named() -> None:
-    with pytest.raises(Exception, match="max_words"):
+    with pytest.raises(LeantrainError, match="max_words"):
         make_task("sentiment", max_words=2)
