@@ -6,12 +6,12 @@ skipped too, and listed, since the Merkle commitment still covers them."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from leantrain.data.merkle import file_rows
 from leantrain.errors import LeantrainError
+from leantrain.tasks.jsonl import field_problems, json_object
 
 DEFAULT_SOURCE = "default"
 
@@ -36,20 +36,8 @@ def parse_row(line: int, raw: bytes) -> Row:
     """One line as a Row, or a ValueError saying what is wrong with it."""
     if not raw.strip():
         raise ValueError("blank line")
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    problems = [f"missing field {key!r}" for key in ("prompt", "answer") if key not in obj]
-    problems += [
-        f"field {key!r} must be a string, got {type(obj[key]).__name__}"
-        for key in ("prompt", "answer", "source")
-        if key in obj and not isinstance(obj[key], str)
-    ]
+    obj = json_object(raw)
+    problems = field_problems(obj, ("prompt", "answer"), ("prompt", "answer", "source"))
     if problems:
         raise ValueError(", ".join(problems))
     if not (obj["prompt"] + obj["answer"]).strip():

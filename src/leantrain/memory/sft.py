@@ -39,6 +39,7 @@ from leantrain.memory.lars import apply_lars
 from leantrain.models import encode_prompt, load_model, pick_device
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.tasks import Example, make_task
+from leantrain.tasks.jsonl import field_problems, json_object
 from leantrain.telemetry import JsonlSink, plot_metrics
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
@@ -145,14 +146,12 @@ def load_pairs_jsonl(path: Path) -> list[dict[str, str]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            bad.append(f"line {number}: invalid JSON ({e.msg})")
-            continue
-        if not isinstance(obj, dict) or not all(
-            isinstance(obj.get(k), str) for k in ("prompt", "completion")
-        ):
-            bad.append(f"line {number}: expected string fields 'prompt' and 'completion'")
+            obj = json_object(line)
+            problems = field_problems(obj, ("prompt", "completion"), ("prompt", "completion"))
+            if problems:
+                raise ValueError(", ".join(problems))
+        except ValueError as e:
+            bad.append(f"line {number}: {e}")
             continue
         rows.append({"prompt": obj["prompt"], "completion": obj["completion"]})
     if bad:

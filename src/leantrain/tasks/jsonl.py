@@ -122,22 +122,39 @@ def load_rows(path: Path) -> tuple[Example, ...]:
     return tuple(rows)
 
 
-def _row(raw: bytes) -> Example:
-    """One line as an Example, or a ValueError saying what is wrong with it."""
+def json_object(raw: bytes | str) -> dict[str, Any]:
+    """One JSONL line as a JSON object, or a ValueError saying what is wrong with it. Every
+    reader of user JSONL (tasks, `zo --data`, `tune --data`, `value --data`) decodes through
+    here, so a bad line is reported the same way everywhere."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
     except UnicodeDecodeError as exc:
         raise ValueError("not UTF-8") from exc
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    problems = [f"missing field {key!r}" for key in ("prompt", "answer") if key not in obj]
+    return obj
+
+
+def field_problems(
+    obj: dict[str, Any], required: tuple[str, ...], strings: tuple[str, ...]
+) -> list[str]:
+    """What is wrong with `obj`'s fields: each `required` key missing, each of `strings` present
+    but not a string."""
+    problems = [f"missing field {key!r}" for key in required if key not in obj]
     problems += [
         f"field {key!r} must be a string, got {type(obj[key]).__name__}"
-        for key in ("prompt", "answer", "solution")
+        for key in strings
         if key in obj and not isinstance(obj[key], str)
     ]
+    return problems
+
+
+def _row(raw: bytes) -> Example:
+    """One line as an Example, or a ValueError saying what is wrong with it."""
+    obj = json_object(raw)
+    problems = field_problems(obj, ("prompt", "answer"), ("prompt", "answer", "solution"))
     if "response" in obj:  # reward functions get the policy's response under this name
         problems.append("field 'response' is reserved for the policy's response; rename it")
     if problems:

@@ -11,7 +11,6 @@ What it does NOT know about: perturbations, estimators, the engine.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from leantrain.generation.scoring import label_logprobs
 from leantrain.models import encode_prompt
 from leantrain.models.finetune import IGNORE
 from leantrain.tasks import Example
+from leantrain.tasks.jsonl import json_object
 
 
 @dataclass(frozen=True)
@@ -127,14 +127,7 @@ def read_pairs(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int) 
 
 def _row_pairs(raw: bytes, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> list[Pair]:
     """One line as pairs, or a ValueError saying what is wrong with it."""
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ValueError("not UTF-8") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    obj = json_object(raw)
     kind = ("text",) if "text" in obj else ("prompt", "completion")
     if "text" in obj and ({"prompt", "completion"} & obj.keys()):
         raise ValueError("give either 'text' or 'prompt' and 'completion', not both")
