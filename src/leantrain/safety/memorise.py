@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
-from filelock import FileLock
 
 from leantrain.errors import LeantrainError
 from leantrain.models import leantrain_home, load_model
+from leantrain.models.build_cache import build_once
 from leantrain.safety.corpus import Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import save_model, sft
 
@@ -74,18 +73,11 @@ def ensure_memorised(
     recipe: MemoriseRecipe = MemoriseRecipe(), variant: Variant = "full", *, progress: bool = True
 ) -> Path:
     """The cached model folder for `variant`, built first if needed (one builder at a time)."""
-    target = memorised_dir(recipe, variant)
-    if (target / "memorise.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if (target / "memorise.json").exists():
-            return target
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        _build(staging, recipe, variant, progress)
-        staging.rename(target)
-    return target
+    return build_once(
+        memorised_dir(recipe, variant),
+        lambda staging: _build(staging, recipe, variant, progress),
+        marker="memorise.json",
+    )
 
 
 def _build(out: Path, recipe: MemoriseRecipe, variant: Variant, progress: bool) -> None:
