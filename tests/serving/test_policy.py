@@ -11,7 +11,9 @@ import pytest
 from leantrain.errors import LeantrainError
 from leantrain.serving.policy import (
     Evidence,
+    ExplorePolicy,
     ThresholdPolicy,
+    Verdicts,
     VerifiedPolicy,
     explore_probability,
     make_policy,
@@ -80,9 +82,40 @@ def test_realised_error_rate_stays_under_delta(p_correct: float) -> None:
         assert seen < requests / 2  # a reliable entry ends up served most of the time
 
 
+def test_verdicts_count_right_and_seen_in_a_similarity_window() -> None:
+    verdicts = Verdicts(np.array([0.99, 0.9, 1.0, 0.95, 0.99]), np.array([0, 0, 1, 1, 1]))
+    assert len(verdicts) == 5 and verdicts.right == 3
+    assert verdicts.count(0.95, 0.99) == (2, 3)  # both ends included
+    assert verdicts.count(0.991, 1.0) == (1, 1)
+    assert verdicts.count(0.5, 0.8) == (0, 0)
+    with pytest.raises(LeantrainError, match="one similarity per verdict"):
+        Verdicts(np.array([0.9, 0.95]), np.array([True]))
+
+
+def test_a_prior_counts_like_shared_evidence_inside_the_window_only() -> None:
+    """500 right calibration verdicts at 0.999: at 1.0 (window 0.003 reaches down to 0.997) the
+    policy decides as if they were shared evidence; at 0.99 they are out of the window."""
+    prior = Verdicts(np.full(500, 0.999), np.ones(500, dtype=bool))
+    rng = random.Random(0)
+    warm = VerifiedPolicy(0.02, window=0.003, prior=prior)
+    pooled = VerifiedPolicy(0.02, window=0.003).decide(1.0, Evidence(0, 0, 500, 500), rng)
+    at_one = warm.decide(1.0, Evidence(), rng)
+    assert at_one.explore_probability == pooled.explore_probability == 0.0 and at_one.hit
+    assert at_one.predicted_correct == pytest.approx(501 / 502)
+    assert warm.decide(0.99, Evidence(), rng).explore_probability == 1.0  # no evidence there
+    # Half weight: 250 right verdicts' worth is not enough to stop exploring at delta 0.02.
+    half = VerifiedPolicy(0.02, window=0.003, prior=prior, prior_weight=0.5)
+    assert half.decide(1.0, Evidence(), rng).explore_probability == pytest.approx(
+        explore_probability(250, 250, 0.02)
+    )
+    assert ExplorePolicy().decide(1.0, Evidence(10, 10), rng).hit is False
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(LeantrainError, match="delta"):
         VerifiedPolicy(0.0)
+    with pytest.raises(LeantrainError, match="prior_weight"):
+        VerifiedPolicy(0.02, prior_weight=2.0)
     with pytest.raises(LeantrainError, match="threshold"):
         ThresholdPolicy(1.5)
     with pytest.raises(LeantrainError, match="policy must be one of"):

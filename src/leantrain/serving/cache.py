@@ -8,6 +8,9 @@ the nearest was wrong; storing new phrasings too lets their repeats match at sim
 the evidence is strongest). Feedback on a served hit (`feedback`) is an observation as well. The
 size bound evicts by `lru` or `cost` (see `CacheStore.eviction_order`).
 
+`calibration_verdicts` replays a labelled stream through a throwaway cache that never serves, to
+collect the verdicts that warm-start a `VerifiedPolicy` (see `leantrain.serving.policy`).
+
 SQLite (`CacheStore`) is the truth; the faiss index is rebuilt from it on open, so a restart
 loses nothing. Thread-safe: lookups and writes hold a lock, the backend call does not.
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,7 +31,7 @@ import numpy as np
 
 from leantrain.errors import LeantrainError
 from leantrain.serving.embedding import Embedder
-from leantrain.serving.policy import Decision, Evidence, HitPolicy
+from leantrain.serving.policy import Decision, Evidence, ExplorePolicy, HitPolicy, Verdicts
 from leantrain.serving.store import CacheStore
 
 Backend = Callable[[str], tuple[str, float]]  # prompt -> (answer, cost of producing it)
@@ -177,3 +180,27 @@ class SemanticCache:
 
     def close(self) -> None:
         self.store.close()
+
+
+def calibration_verdicts(
+    labelled: Sequence[tuple[str, str]],
+    embedder: Embedder,
+    answers_match: Callable[[str, str], bool] = normalised_match,
+) -> Verdicts:
+    """Replay (request, right answer) pairs through a fresh in-memory cache that always asks the
+    backend (the labels stand in for it) and return every verdict it saw: the similarity of each
+    request to its nearest entry and whether that entry's answer was right for it. The cache grows
+    as a live one would (same insertion rule), so the similarities are those a live cache meets."""
+    truth = dict(labelled)
+    if len(truth) != len({(request, answer) for request, answer in labelled}):
+        raise LeantrainError("calibration stream: one request has two different answers")
+    cache = SemanticCache(":memory:", embedder, ExplorePolicy(), max_entries=len(labelled) + 1)
+    similarities, correct = [], []
+    for request, answer in labelled:
+        result = cache.query(request, lambda prompt: (truth[prompt], 0.0))
+        if result.entry_id is not None:
+            nearest = cache.store.get(result.entry_id)
+            similarities.append(result.similarity)
+            correct.append(answers_match(nearest.answer, answer))
+    cache.close()
+    return Verdicts(np.array(similarities), np.array(correct, dtype=bool))

@@ -10,13 +10,24 @@ request and the evidence about that entry so far, serve the cached answer or not
   being a lower confidence bound of P(correct): tau = min over eps of 1 - delta / (1 - alpha_eps),
   alpha_eps = (1 - eps) * (the eps lower quantile of P(correct)); vCache's rule.
 
-Where ours differs from vCache (which fits a logistic curve per entry and needs its threshold's
-variance): P(correct | s) is only assumed to grow with similarity s, so every verdict an entry got
-at a similarity <= s is evidence for s (a Beta-binomial posterior, exact on few observations where
-a logistic fit on separable data has no finite estimate). And, after the continuous-space cache
-of arXiv 2604.20021 where feedback spreads to nearby queries, verdicts other entries got at
-similarities just below s count too, down-weighted (`share_weight`): a new entry starts from
-what the whole cache learned about requests that close, not from nothing.
+Where ours differs from vCache (which fits a logistic curve sigma(gamma (s - t)) per entry and
+needs its threshold's variance): P(correct | s) is only assumed to grow with similarity s, so every
+verdict an entry got at a similarity <= s is evidence for s (a Beta-binomial posterior, exact on
+few observations where a logistic fit on separable data has no finite estimate). And, after the
+continuous-space cache of arXiv 2604.20021 where feedback spreads to nearby queries, verdicts other
+entries got at similarities in [s - window, s] count too, down-weighted (`share_weight`): a new
+entry starts from what the whole cache learned about requests that close, not from nothing.
+
+Warm start (optional): verdicts from a labelled calibration stream (`Verdicts`, collected by
+`leantrain.serving.cache.calibration_verdicts` on questions the live cache will not see) count as
+shared evidence too, so the policy does not have to buy its first few hundred verdicts by
+exploring live traffic. vCache starts cold; the bound and the exploration rule are unchanged.
+
+Why not vCache's per-entry logistic fit: on our labelled set (`benchmarks/semantic_cache.py`), the
+right/wrong boundary is a step (near-identical texts at >= 0.995 are right 97.5-100% of the time,
+paraphrases and hard negatives at 0.9-0.995 84-94%), which a per-entry logistic cannot learn
+before its entry has seen several verdicts, and most entries never see that many (figures in
+docs/benchmarks.md, "Semantic cache").
 
 Knows nothing about storage or embeddings: evidence arrives as counts.
 """
@@ -24,7 +35,7 @@ Knows nothing about storage or embeddings: evidence arrives as counts.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -80,6 +91,53 @@ class ThresholdPolicy:
 
 
 @dataclass(frozen=True)
+class ExplorePolicy:
+    """Never serves a cached answer: every request goes to the backend and its answer is compared
+    with the nearest entry's, a verdict (how calibration verdicts are collected)."""
+
+    name: str = "explore"
+    window: float | None = None
+
+    def decide(self, similarity: float, evidence: Evidence, rng: random.Random) -> Decision:
+        return Decision(hit=False, explore_probability=1.0)
+
+
+class Verdicts:
+    """Labelled (similarity, was the nearest entry's answer right) pairs, e.g. from a calibration
+    stream, indexed by similarity so that counting those in a similarity window is O(log n)."""
+
+    def __init__(self, similarities: np.ndarray, correct: np.ndarray) -> None:
+        similarities = np.asarray(similarities, dtype=np.float64)
+        correct = np.asarray(correct, dtype=bool)
+        if similarities.shape != correct.shape or similarities.ndim != 1:
+            raise LeantrainError(
+                f"verdicts need one similarity per verdict, got {similarities.shape} "
+                f"similarities and {correct.shape} verdicts"
+            )
+        order = np.argsort(similarities, kind="stable")
+        self.similarities = similarities[order]  # (n,) ascending
+        self._right_before = np.concatenate([[0], np.cumsum(correct[order])])  # (n + 1,)
+
+    def __len__(self) -> int:
+        return len(self.similarities)
+
+    @property
+    def right(self) -> int:
+        """How many of the verdicts say the nearest entry's answer was right."""
+        return int(self._right_before[-1])
+
+    def count(self, low: float, high: float) -> tuple[int, int]:
+        """(right, seen) among the verdicts with low <= similarity <= high."""
+        first = int(np.searchsorted(self.similarities, low, side="left"))
+        last = int(np.searchsorted(self.similarities, high, side="right"))
+        return int(self._right_before[last] - self._right_before[first]), last - first
+
+
+# float32 inner products of unit vectors wobble by ~1e-7 (as in the store's evidence windows).
+_FLOAT_SLACK = 1e-6
+
+
+@dataclass(frozen=True)
 class VerifiedPolicy:
     """Per-entry learned hit prediction under an error bound (see the module doc).
 
@@ -88,14 +146,21 @@ class VerifiedPolicy:
         share_weight: weight of one observation of another entry (in the similarity window)
             against one of the entry's own; 0 learns from the entry's own observations only.
         window: width of the similarity window below the request's similarity from which other
-            entries' observations are shared.
+            entries' (and the prior's) verdicts are shared. Narrow: less bias where P(correct)
+            jumps with similarity, fewer verdicts. The default was chosen on the calibration split
+            of `leantrain.serving.evalset` (validation stream of other questions), not on the
+            evaluation stream.
         min_verdicts: below this much (weighted) evidence, always explore (vCache: 6).
+        prior: verdicts from a labelled calibration stream (warm start), or None (cold, vCache).
+        prior_weight: weight of one prior verdict against one of the entry's own.
     """
 
     delta: float = 0.02
     share_weight: float = 1.0
-    window: float = 0.005
+    window: float = 0.003
     min_verdicts: float = 6.0
+    prior: Verdicts | None = field(default=None, repr=False, compare=False)
+    prior_weight: float = 1.0
     name: str = "verified"
 
     def __post_init__(self) -> None:
@@ -103,10 +168,17 @@ class VerifiedPolicy:
             raise LeantrainError(f"delta must be in (0, 1), got {self.delta}")
         if not 0.0 <= self.share_weight <= 1.0 or self.window < 0:
             raise LeantrainError("share_weight must be in [0, 1] and window >= 0")
+        if not 0.0 <= self.prior_weight <= 1.0:
+            raise LeantrainError(f"prior_weight must be in [0, 1], got {self.prior_weight}")
 
     def decide(self, similarity: float, evidence: Evidence, rng: random.Random) -> Decision:
         right = evidence.own_right + self.share_weight * evidence.shared_right
         seen = evidence.own_seen + self.share_weight * evidence.shared_seen
+        if self.prior is not None:
+            low, high = similarity - self.window - _FLOAT_SLACK, similarity + _FLOAT_SLACK
+            prior_right, prior_seen = self.prior.count(low, high)
+            right += self.prior_weight * prior_right
+            seen += self.prior_weight * prior_seen
         tau = 1.0 if seen < self.min_verdicts else explore_probability(right, seen, self.delta)
         predicted = (1 + right) / (2 + seen)  # posterior mean of P(correct)
         return Decision(rng.random() >= tau, tau, predicted)
