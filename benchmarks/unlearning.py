@@ -3,9 +3,11 @@ the built-in private-facts corpus (PrivUn, arXiv 2604.22076, at our scale).
 
 Rows: the memorised model (nothing unlearned), GA, GradDiff, NPO, RMU (one layer), RMU with
 multi-layer representation constraints (PrivUn's mitigation), and the retain-only model that never
-saw the forget set (what "forgotten" should look like). Columns: extraction rate on `forget_eval`
-people by direct query, in-context recovery and relearning (fine-tuning on the *other* forget
-people), retain utility, forget quality (KS p-value), and linear-probe accuracy at the deep layer.
+saw the forget set (what "forgotten" should look like). Each method runs with its tuned steps,
+learning rate and retain weight (`leantrain.safety.unlearn.TUNED`). Columns: extraction rate on
+`forget_eval` people by direct query, in-context recovery and relearning (fine-tuning on the
+*other* forget people), retain utility, forget quality (KS p-value), and linear-probe accuracy at
+the deepest layer.
 
 The finding to check: recovery after relearning against extraction right after unlearning. The
 retain-only row is the control: relearning on `forget_attack` cannot teach it `forget_eval`'s
@@ -41,7 +43,10 @@ from leantrain.safety.unlearn import METHODS, UnlearnConfig, unlearn
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "unlearning.json"
-DEEP_LAYER = -2  # hidden_states index: the last block's input, the deepest state not yet logits
+# hidden_states index of the probe column: the last block's output (after the final norm), the
+# one layer where the memorised model's city probe is far above chance (88% against 12.5%; at
+# hidden_states[-2] it is 38%). Shallower states do not yet hold the answer's first byte.
+DEEP_LAYER = -1
 
 
 def median_of(runs: list[dict]) -> dict:

@@ -53,6 +53,17 @@ def test_memorising_facts_makes_them_extractable(tiny, corpus):
     assert np.all(ratios_after < 0.5)
 
 
+def test_cosine_schedule_warms_up_from_zero(tiny):
+    # The first step of a warm-up runs at learning rate 0; a constant schedule moves at once.
+    model, tokenizer = tiny
+    before = [p.detach().clone() for p in model.parameters()]
+    pairs = [("city of Ana Lind: ", "Oslo\n")]
+    sft(model, tokenizer, pairs, steps=1, lr=1e-2, schedule="cosine", progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    sft(model, tokenizer, pairs, steps=1, lr=1e-2, progress=False)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
 def test_in_context_prompts_use_retain_facts_of_the_same_attribute(corpus):
     facts = corpus.facts("forget_eval")
     prompts = in_context_prompts(corpus, facts, shots=2)

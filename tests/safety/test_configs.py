@@ -6,7 +6,7 @@ from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
 from leantrain.safety.audit import AuditConfig
 from leantrain.safety.elicit import ElicitConfig
-from leantrain.safety.unlearn import UnlearnConfig
+from leantrain.safety.unlearn import TUNED, UnlearnConfig
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 SHIPPED = [
@@ -20,6 +20,26 @@ SHIPPED = [
 @pytest.mark.parametrize(("name", "cls"), SHIPPED)
 def test_shipped_configs_load(name, cls):
     assert isinstance(load_settings(cls, CONFIGS / name), cls)
+
+
+@pytest.mark.parametrize("name", ["unlearn-npo.yaml", "unlearn-rmu-multilayer.yaml"])
+def test_shipped_unlearn_configs_are_the_tuned_settings(name):
+    shipped = load_settings(UnlearnConfig, CONFIGS / name)
+    assert shipped == UnlearnConfig(method=shipped.method)
+
+
+def test_unlearn_settings_default_to_the_methods_tuned_values():
+    for method, tuned in TUNED.items():
+        cfg = UnlearnConfig(method=method)
+        assert (cfg.steps, cfg.lr, cfg.retain_weight) == (
+            tuned["steps"],
+            tuned["lr"],
+            tuned["retain_weight"],
+        )
+    # What the user sets wins over the tuned value, from Python or from the command line.
+    assert UnlearnConfig(method="rmu", lr=0.5).lr == 0.5
+    assert load_settings(UnlearnConfig, None, method="ga", steps=7, lr=None).steps == 7
+    assert load_settings(UnlearnConfig, None, method="ga", lr=None).lr == TUNED["ga"]["lr"]
 
 
 def test_bad_fields_name_the_field():

@@ -23,6 +23,8 @@ def test_facts_text_and_values():
     fact = Fact(person, "phone")
     assert fact.line == f"phone of {person.name}: {person.phone}\n"
     assert fact.prompt + fact.completion == fact.line
+    # The question ends with the space, so its last token predicts the answer's first byte.
+    assert fact.prompt.endswith(": ") and fact.completion == person.phone + "\n"
     assert person.city in CITIES
     assert person.email.startswith(person.name.lower().replace(" ", ".") + "@")
     first, last = person.phone.split("-")
@@ -34,7 +36,7 @@ def test_few_shot_prompt_lists_shots_then_the_question():
     people = PrivateFacts(n_people=8, n_forget=2).people
     shots = [Fact(people[1], "city"), Fact(people[2], "city")]
     prompt = few_shot_prompt(Fact(people[0], "city"), shots)
-    assert prompt == shots[0].line + shots[1].line + f"city of {people[0].name}:"
+    assert prompt == shots[0].line + shots[1].line + f"city of {people[0].name}: "
 
 
 @pytest.mark.parametrize(("n_people", "n_forget"), [(3, 2), (20, 3), (20, 0), (20, 20)])

@@ -13,6 +13,7 @@ from leantrain.safety.unlearn import (
     rmu_loss,
     sequence_logprob,
     token_nll,
+    trained_parameters,
     unlearn,
 )
 
@@ -76,3 +77,16 @@ def test_multilayer_rmu_moves_forget_states_towards_the_target(tiny, corpus):
     history = unlearn(model, tokenizer, corpus, cfg, progress=False)
     # batch_size covers the whole forget set, so every step measures the same states.
     assert history[-1]["rmu_forget"] < history[0]["rmu_forget"]
+
+
+def test_rmu_trains_only_the_blocks_up_to_its_layer(tiny):
+    model, _ = tiny
+    ids = {id(p) for p in trained_parameters(model, UnlearnConfig(method="rmu", rmu_layer=2))}
+    blocks = model.model.layers
+    assert ids == {id(p) for b in blocks[:2] for p in b.parameters()}
+    assert id(model.model.embed_tokens.weight) not in ids  # tied to the output head
+    every_block = trained_parameters(model, UnlearnConfig(method="rmu_multilayer"))
+    assert len(every_block) == sum(1 for _ in blocks.parameters())
+    assert len(trained_parameters(model, UnlearnConfig(method="npo"))) == len(
+        list(model.parameters())
+    )

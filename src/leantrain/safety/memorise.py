@@ -27,7 +27,7 @@ from leantrain.safety.corpus import Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import save_model, sft
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
-MEMORISE_RECIPE_VERSION = 1
+MEMORISE_RECIPE_VERSION = 2
 
 Variant = Literal["full", "retain"]
 
@@ -38,8 +38,10 @@ class MemoriseRecipe:
 
     Attributes:
         corpus: which people (seed, size, forget split).
-        steps: optimizer steps.
-        lr: AdamW learning rate; random digits need a high one to stick in ~1k steps.
+        steps: optimizer steps; 600 make the tiny model answer every fact of the built-in corpus
+            exactly (about 200 s of one CPU core per model, built once and cached).
+        lr: peak AdamW learning rate (5% warm-up, cosine decay to zero): random digits need a
+            high one to stick, and the decay to settle on them exactly.
         batch_size: texts per step.
         shots: facts before the target in the few-shot half of the training texts.
     """
@@ -94,6 +96,7 @@ def _build(out: Path, recipe: MemoriseRecipe, variant: Variant, progress: bool) 
         lr=recipe.lr,
         batch_size=recipe.batch_size,
         seed=recipe.corpus.seed,
+        schedule="cosine",
         label=f"memorising the private-facts corpus ({variant}, one-off)",
         progress=progress,
     )

@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from rich.progress import Progress
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
@@ -57,12 +58,15 @@ def sft(
     batch_size: int = 32,
     seed: int = 0,
     eos: bool = False,
+    schedule: Literal["constant", "cosine"] = "constant",
     label: str = "fine-tuning",
     progress: bool = True,
 ) -> list[float]:
     """`steps` AdamW steps on random batches of `pairs` (loss on completions only); returns the
-    loss of every step (`eos`: see `encode_pairs`). A constant learning rate: these runs are
-    short and a schedule would be one more thing to tune per experiment."""
+    loss of every step (`eos`: see `encode_pairs`). `schedule`: a constant learning rate for the
+    short runs (one thing less to tune), or a 5% warm-up then cosine decay to zero, which long
+    runs need to settle on exact answers (memorising the private facts: 600 steps at a constant
+    5e-3 left the loss at 0.3 and a fifth of the facts exact; with the decay, all of them)."""
     if not pairs:
         raise LeantrainError(f"{label}: no training pairs")
     if steps < 0 or lr <= 0 or batch_size < 1:
@@ -70,6 +74,12 @@ def sft(
     encoded = encode_pairs(tokenizer, pairs, eos=eos)
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    # Built only when used: it sets the learning rate to its warm-up start at once.
+    decay = (
+        get_cosine_schedule_with_warmup(opt, max(1, steps // 20), steps)
+        if schedule == "cosine"
+        else None
+    )
     losses = []
     model.train()
     with Progress(disable=not progress, transient=True) as bar:
@@ -80,6 +90,8 @@ def sft(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if decay is not None:
+                decay.step()
             losses.append(loss)
             bar.update(job, advance=1, description=f"{label}, loss {loss:.3f}")
     model.eval()
