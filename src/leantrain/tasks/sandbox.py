@@ -275,7 +275,11 @@ def _read(
                 break
             events = selector.select(min(remaining, _POLL_S))
             if not events and proc.poll() is not None:
-                break  # the child is gone; a descendant may hold the pipes open, don't wait for it
+                # The child is gone. What it wrote between the select and its exit is still in
+                # the pipes: read that, but don't wait for a descendant holding them open.
+                events = selector.select(0)
+                if not events:
+                    break
             for key, _ in events:
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
