@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--sync-threads", type=int, default=1, help="torch threads of sync")
     parser.add_argument(
         "--backend",
-        choices=("local", "ray"),
+        choices=("local", "process", "ray"),
         default="ray",
         help="async rollout workers: Ray actors (own processes, no shared GIL; their start-up "
         "is timed) or threads of this process (local)",

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from leantrain.cli.rl import DEMO_SETTINGS
 from leantrain.config import RLConfig, load_config, load_settings
 from leantrain.errors import LeantrainError
 
@@ -31,6 +32,7 @@ def _config_class(name: str) -> type[BaseModel]:
         "tiny-zo": ZOConfig,
         "tiny-arith": RLConfig,
         "tiny-tools": RLConfig,
+        "tiny-vl": RLConfig,
     }
     matches = [cls for prefix, cls in classes.items() if name.startswith(prefix)]
     assert len(matches) == 1, f"configs/{name}: say which settings model it is for"
@@ -44,11 +46,12 @@ def test_every_shipped_config_loads(path: Path) -> None:
     assert isinstance(cfg, cls)  # extra keys are forbidden, so a misspelt one fails here
 
 
-def test_demo_config_matches_defaults() -> None:
-    # `leantrain demo` runs the defaults; configs/tiny-arith.yaml documents the same run.
+def test_demo_config_matches_the_demo() -> None:
+    # `leantrain demo` runs the defaults plus DEMO_SETTINGS; configs/tiny-arith.yaml documents
+    # the same run.
     shipped = load_config(Path(__file__).parents[1] / "configs" / "tiny-arith.yaml")
-    defaults = load_config(None)
-    assert shipped.model_dump(exclude={"out"}) == defaults.model_dump(exclude={"out"})
+    demo = load_config(None, **DEMO_SETTINGS)
+    assert shipped.model_dump(exclude={"out"}) == demo.model_dump(exclude={"out"})
 
 
 def test_overrides_apply_dotted_keys() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from leantrain.cli import app
+from leantrain.cli.rl import demo_config
 
 runner = CliRunner()
 
@@ -47,3 +48,9 @@ def test_rl_runs_and_resumes(tiny_path: Path, tmp_path: Path) -> None:
     resumed = runner.invoke(app, [*args, "--steps", "2", "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+def test_demo_runs_its_settings_and_a_given_steps_wins(tmp_path: Path) -> None:
+    cfg = demo_config(None, tmp_path / "demo", None)
+    assert cfg.steps == 150 and cfg.grpo.lr_schedule == "cosine" and cfg.model.name == "tiny"
+    assert demo_config(3, tmp_path / "demo", "cpu").steps == 3

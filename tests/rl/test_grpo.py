@@ -3,6 +3,7 @@ loss never reaches the weights."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -80,6 +81,30 @@ def test_resume_equals_straight_run(small_rl_config: RLConfig, tmp_path) -> None
     lines = (tmp_path / "split/metrics.jsonl").read_text().splitlines()
     steps = [json.loads(x)["step"] for x in lines]
     assert steps == [1, 2, 3, 4]
+
+
+def test_lr_factor_warms_up_then_follows_the_schedule() -> None:
+    # warm-up over 10 steps, 100 steps in all
+    assert grpo.lr_factor("constant", 0, 10, 100) == pytest.approx(0.1)
+    assert grpo.lr_factor("constant", 99, 10, 100) == 1.0
+    assert grpo.lr_factor("cosine", 0, 10, 100) == pytest.approx(0.1)
+    assert grpo.lr_factor("cosine", 50, 10, 100) == pytest.approx(0.5)  # half-way down
+    assert grpo.lr_factor("cosine", 99, 10, 100) == pytest.approx(2.467e-4, rel=1e-3)
+    assert grpo.lr_factor("cosine", 120, 10, 100) == 0.0  # past the end (a longer resume)
+    cosine = [grpo.lr_factor("cosine", s, 0, 100) for s in range(100)]
+    assert all(a > b for a, b in itertools.pairwise(cosine))
+
+
+def test_cosine_schedule_sets_the_optimizer_lr(small_rl_config: RLConfig) -> None:
+    grpo_cfg = small_rl_config.grpo.model_copy(update={"lr_schedule": "cosine"})
+    run = GRPORun(small_rl_config.model_copy(update={"grpo": grpo_cfg, "steps": 4}), progress=False)
+    # lr 1e-3, 10 warm-up steps: step 0 is 1e-3 * 0.1 * 1; step 3 of 4 is
+    # 1e-3 * 0.4 * (1 + cos(3 pi / 4)) / 2
+    for step, expected in ((0, 1e-4), (3, 5.858e-5)):
+        run.step = step  # what the run loop advances
+        stats = run.train_step(run.rollout(step))
+        assert stats["lr"] == pytest.approx(expected, rel=1e-3)
+        assert run.optimizer.param_groups[0]["lr"] == stats["lr"]
 
 
 def test_non_finite_loss_skips_the_update(small_rl_config: RLConfig, monkeypatch) -> None:

@@ -13,7 +13,14 @@ from leantrain.tasks import TASKS, ArithTask, JsonlTask, make_task, score_safely
 
 BUILT_IN = sorted(set(TASKS) - {"jsonl"})
 # How many random examples to check; the code task runs each solution in the sandbox.
-SAMPLES = {"arith": 500, "countdown": 500, "code": 25, "sentiment": 500, "tool_arith": 500}
+SAMPLES = {
+    "arith": 500,
+    "countdown": 500,
+    "code": 25,
+    "sentiment": 500,
+    "tool_arith": 500,
+    "visual": 200,
+}
 
 
 @pytest.mark.parametrize("name", BUILT_IN)

@@ -22,6 +22,11 @@ each row keeps its accepted prefix. Rows accept different counts, so a rejected 
 out in its row (a hole: never attended, its key already carries the right position) and only the
 columns no row kept are cut from the cache.
 
+Images (vision-language models such as Llava): a prompt may come with pixel values; its ids
+already hold the image tokens the processor expanded (models/vision.py). The prefill passes the
+admitted rows' pixel values, concatenated in row order (the model fills image-token positions in
+order); decoding is unchanged, since image features live in the KV cache after the prefill.
+
 What it does NOT know about: tokenization beyond decoding a response's tail to match stop
 strings (prompts arrive as ids, chat templates are the caller's), rewards and tasks, training,
 policy versions and weight sync, how drafts are made.
@@ -80,6 +85,7 @@ class _Seq:
 
     index: int  # position in the caller's prompt list
     prompt_ids: list[int]
+    pixel_values: torch.Tensor | None = None  # (n_images, C, H, W) of the prompt's images
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     hidden_rows: list[int] = field(default_factory=list)  # rows of the stacked per-step hiddens
@@ -184,6 +190,7 @@ class Engine:
         seed: int | None = None,
         return_hidden_states: bool = False,
         progress: bool = False,
+        images: Sequence[torch.Tensor | None] | None = None,
     ) -> list[Completion]:
         """Sample one response per prompt; completions come back in input order.
 
@@ -198,6 +205,9 @@ class Engine:
                 same outputs. None draws a fresh seed.
             return_hidden_states: fill `Completion.hidden_states`.
             progress: show a progress bar counting finished sequences.
+            images: per prompt, the pixel values (n_images, C, H, W) of its images (None for a
+                prompt without), for a vision-language model; each prompt's ids must hold
+                those images' tokens (see models/vision.py `encode_image_prompt`).
         """
         vocab = self.model.get_input_embeddings().num_embeddings
         for i, p in enumerate(prompts):
@@ -205,6 +215,7 @@ class Engine:
                 raise LeantrainError(
                     f"prompts[{i}] must be a non-empty sequence of token ids in [0, {vocab})"
                 )
+        pixels = self._check_images(prompts, images)
         if not prompts:
             return []
         if self.max_cache_tokens is not None:
@@ -221,7 +232,7 @@ class Engine:
             generator.seed()
         else:
             generator.manual_seed(seed)
-        seqs = [_Seq(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
+        seqs = [_Seq(i, [int(t) for t in p], pixels[i]) for i, p in enumerate(prompts)]
         spec = self.speculator
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode())
@@ -252,6 +263,42 @@ class Engine:
             )
             for s in seqs
         ]
+
+    def _check_images(
+        self, prompts: Sequence[Sequence[int]], images: Sequence[torch.Tensor | None] | None
+    ) -> list[torch.Tensor | None]:
+        """`images` as one entry per prompt, on the model's device and dtype; a LeantrainError
+        when they cannot go with `prompts` (count, shape, image tokens, a text-only model)."""
+        image_token = getattr(self.model.config, "image_token_id", None)
+        if images is None:
+            if image_token is not None and any(image_token in p for p in prompts):
+                raise LeantrainError(
+                    "a prompt holds image tokens but no images were given: pass images=[...] "
+                    "(pixel values per prompt, from models.vision.encode_image_prompt)"
+                )
+            return [None] * len(prompts)
+        if image_token is None:
+            raise LeantrainError(
+                f"{type(self.model).__name__} takes no images (its config has no image_token_id)"
+            )
+        if len(images) != len(prompts):
+            raise LeantrainError(
+                f"images has {len(images)} entries, expected one per prompt ({len(prompts)})"
+            )
+        param = next(self.model.parameters())
+        checked = []
+        for i, (p, pv) in enumerate(zip(prompts, images, strict=True)):
+            if pv is not None and (not isinstance(pv, torch.Tensor) or pv.dim() != 4):
+                raise LeantrainError(
+                    f"images[{i}] must be pixel values of shape (n_images, C, H, W) or None"
+                )
+            if (pv is None) == (image_token in p):
+                raise LeantrainError(
+                    f"prompts[{i}] {'holds' if pv is None else 'holds no'} image tokens but "
+                    f"images[{i}] is {'None' if pv is None else 'given'}"
+                )
+            checked.append(None if pv is None else pv.to(param.device, param.dtype))
+        return checked
 
     def _run(
         self,
@@ -462,10 +509,13 @@ class Engine:
         ids, mask, lengths = ids.to(self.device), mask.to(self.device), lengths.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, T); pads get 0, they are masked
         cache = RoomyCache()
+        pixels = [s.pixel_values for s in seqs if s.pixel_values is not None]
         logits, hidden = self._forward(
             input_ids=ids,
             attention_mask=mask,
             position_ids=position_ids,
+            # Row order: the model fills the image-token positions of the batch in order.
+            **({"pixel_values": torch.cat(pixels)} if pixels else {}),
             **{self._cache_kwarg: cache},
         )
         return _Batch(seqs, cache, mask, lengths), logits[:, -1], _last(hidden)

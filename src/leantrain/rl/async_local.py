@@ -39,6 +39,9 @@ class LocalBackend:
             self.config, name=f"worker-{slot}.{self._generation}", faults=self.faults
         )
 
+    def ready(self, slot: int) -> bool:
+        return self._slots[slot] is not None  # a thread's worker is built by start()
+
     def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
         worker = self._slots[slot]
         if worker is None:

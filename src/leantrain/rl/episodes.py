@@ -23,7 +23,10 @@ re-rendered; each row trains only on its own sampled tokens (every row of an epi
 episode's reward, so a forked episode weighs more in its group's statistics).
 
 Each turn re-prefills its contexts (the engine keeps no cache between calls); prefix caching
-across turns would remove that cost and is not done here.
+across turns would remove that cost and is not done here. Images (vision-language models): an
+episode's prompt images go with its context to every turn's prefill, since each re-prefill
+rebuilds the image features; forking (which re-renders the prompt as text) is not supported
+with images.
 
 Knows nothing about rewards or training: it returns `Episode`s; `episode_trajectories` turns one
 into trainer rows once it has been scored.
@@ -36,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
@@ -187,6 +191,7 @@ class _Live:
 
     segments: list[Segment]
     messages: list[dict[str, str]] | None = None  # the conversation, kept only when forking
+    pixel_values: torch.Tensor | None = None  # the prompt's images, for every turn's prefill
     tool_calls: list[ToolCall] = field(default_factory=list)
     text: str = ""
     turn_text: str = ""  # the last model turn, decoded
@@ -231,8 +236,10 @@ class EpisodeRunner:
         *,
         seed: int | None = None,
         progress: bool = False,
+        images: Sequence[torch.Tensor | None] | None = None,
     ) -> list[Episode]:
-        """Run one episode per prompt; episodes come back in input order."""
+        """Run one episode per prompt; episodes come back in input order. `images`: as in
+        `Engine.generate`, the pixel values of each prompt's images (or None)."""
         budget, max_turns = self.env.episode_tokens, self.env.max_turns
         if budget < 1 or max_turns < 1:
             raise LeantrainError(
@@ -248,12 +255,24 @@ class EpisodeRunner:
                 f"max_cache_tokens ({kv_budget}); lower episode_tokens or raise the budget"
             )
         fork = self.chat is not None and not self.chat.prefix_preserving
+        pixels = [None] * len(prompts) if images is None else list(images)
+        if len(pixels) != len(prompts):
+            raise LeantrainError(
+                f"images has {len(pixels)} entries, expected one per prompt ({len(prompts)})"
+            )
+        if fork and any(pv is not None for pv in pixels):
+            raise LeantrainError(
+                "this chat template is not prefix-preserving, so episodes would fork into "
+                "re-rendered text prompts, which cannot carry images; use a model whose template "
+                "keeps the conversation's prefix"
+            )
         episodes = [
             _Live(
                 [Segment(list(p))],
                 [{"role": "user", "content": self.chat.user_content(p)}] if fork else None,
+                pixel_values=pv,
             )
-            for p in prompts
+            for p, pv in zip(prompts, pixels, strict=True)
         ]
         stop = (*params.stop, self.env.tool_stop)
         live = list(episodes)
@@ -266,6 +285,8 @@ class EpisodeRunner:
                 replace(params, max_new_tokens=max_new, stop=stop),
                 seed=None if seed is None else seed + turn * _TURN_SEED_STRIDE,
                 progress=progress,
+                # Text episodes call the engine exactly as before (any `generate` will do).
+                **({} if images is None else {"images": [ep.pixel_values for ep in live]}),
             )
             callers = [
                 ep
@@ -355,9 +376,15 @@ class EpisodeRunner:
 
 
 def episode_trajectories(
-    episode: Episode, score: ScoreResult, version: int, group_id: int
+    episode: Episode,
+    score: ScoreResult,
+    version: int,
+    group_id: int,
+    pixel_values: torch.Tensor | None = None,
 ) -> list[Trajectory]:
-    """The trainer rows of a scored episode: one per segment, each with the episode's reward."""
+    """The trainer rows of a scored episode: one per segment, each with the episode's reward
+    (and the prompt's images, `pixel_values`, when it had some: an episode with images never
+    forks, so its one row holds their tokens)."""
     return [
         Trajectory(
             prompt_ids=s.prompt_ids,
@@ -371,6 +398,7 @@ def episode_trajectories(
             group_id=group_id,
             text=episode.text,
             error=score.error,
+            pixel_values=pixel_values,
         )
         for s in episode.segments
     ]

@@ -14,6 +14,11 @@ then the trainer.
 
 The setup order matters: model before optimizer (the optimizer holds its parameters), optimizer
 before resume (resume restores its state), task before the held-out set.
+
+Vision-language models (a VLM folder or the `tiny-vl` preset, with a task whose examples carry an
+image in `meta["image"]`, e.g. `visual`): prompts go through the model's processor, the engine's
+prefill and every training forward get the pixel values, and `report.html` in the run folder
+shows a few sampled images with their completions and rewards, refreshed every step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, SamplingParams
 from leantrain.generation.long_tail import LongTail
-from leantrain.models import encode_prompt, load_model, pick_device
+from leantrain.models import encode_prompt, load_model, pick_device, resolve_model_path
+from leantrain.models.vision import encode_image_prompt, is_vision_config, load_processor
 from leantrain.rl.advantages import group_advantages
 from leantrain.rl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
@@ -52,6 +59,7 @@ from leantrain.rl.packing import (
     token_metrics,
 )
 from leantrain.rl.trajectory import Trajectory
+from leantrain.rl.vision_report import VisionReport
 from leantrain.tasks import Example, Task, make_task
 from leantrain.tasks.rewards import RewardWeights, score_safely
 from leantrain.telemetry import JsonlSink, plot_metrics
@@ -74,6 +82,19 @@ class Timer:
     train_s: float = 0.0
 
 
+def lr_factor(schedule: str, step: int, warmup_steps: int, total_steps: int) -> float:
+    """The fraction of the peak lr used at optimizer step `step` (0-based): a linear warm-up
+    over `warmup_steps`, times the schedule's decay, `LR_DECAY[schedule](step / total_steps)`."""
+    warmup = min(1.0, (step + 1) / max(1, warmup_steps))
+    return warmup * LR_DECAY[schedule](min(1.0, step / max(1, total_steps)))
+
+
+LR_DECAY: dict[str, Callable[[float], float]] = {
+    "constant": lambda progress: 1.0,
+    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+}
+
+
 def accuracy_part(parts: dict[str, float]) -> float:
     """What counts as solved: the `answer` part, else the `tool` part (code), else 0."""
     return parts.get("answer", parts.get("tool", 0.0))
@@ -90,15 +111,38 @@ def compute_autocast(config: RLConfig, device: torch.device) -> contextlib.Abstr
     return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
+def example_inputs(
+    tokenizer: PreTrainedTokenizerBase, processor: ProcessorMixin | None, example: Example
+) -> tuple[list[int], torch.Tensor | None]:
+    """`example`'s prompt ids and, when it carries an image (`meta["image"]`: one PIL image or a
+    list), their pixel values (n_images, C, H, W) through the VLM's `processor`."""
+    image = example.meta.get("image")
+    if image is None:
+        return encode_prompt(tokenizer, example.prompt), None
+    if processor is None:
+        raise LeantrainError(
+            "the task's examples carry images but the model is text-only: use a vision-language "
+            "model (the `tiny-vl` preset or a local VLM folder saved with its processor)"
+        )
+    return encode_image_prompt(
+        processor, example.prompt, image if isinstance(image, list) else [image]
+    )
+
+
 def step_batch(
-    task: Task, tokenizer: PreTrainedTokenizerBase, config: RLConfig, step: int
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    config: RLConfig,
+    step: int,
+    processor: ProcessorMixin | None = None,
 ) -> tuple[list[Example], list[list[int]], int]:
     """Step `step`'s prompts, its prompt-major batch (`group_size` copies of each prompt's ids)
     and its sampling seed. A function of the config and the step only, so any rollout worker
-    rebuilds any step's batch, and a re-queued batch is the same batch."""
+    rebuilds any step's batch, and a re-queued batch is the same batch. Image prompts need the
+    VLM's `processor` (their pixel values: `example_inputs`)."""
     g = config.grpo
     examples = task.examples(g.prompts_per_step, config.seed * _PROMPT_SEED_STRIDE + step)
-    prompt_ids = [encode_prompt(tokenizer, ex.prompt) for ex in examples]
+    prompt_ids = [example_inputs(tokenizer, processor, ex)[0] for ex in examples]
     batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
     return examples, batch, config.seed * _SAMPLING_SEED_OFFSET + step
 
@@ -152,6 +196,7 @@ class GRPORun:
         self.model, self.tokenizer = load_model(
             self.config.model.name, device=str(self.device), dtype="float32"
         )
+        self._setup_vision()
         # TLT: speculation in the long tail, with the EAGLE drafter trained online when asked.
         self.long_tail: LongTail | None = None
         if self.config.speculative.enabled:
@@ -181,6 +226,21 @@ class GRPORun:
         # The trainer recomputes the engine's logprobs: log_softmax(logits / T), T=1 when greedy.
         self.logprob_temperature = s.temperature if s.temperature > 0 else 1.0
 
+    def _setup_vision(self) -> None:
+        """A VLM's processor (None for a text-only model), and its vision tower frozen on request
+        (before the optimizer is built, so it holds no state for it); the projector trains."""
+        self.processor: ProcessorMixin | None = None
+        if is_vision_config(self.model.config):
+            self.processor = load_processor(resolve_model_path(self.config.model.name))
+        if self.config.model.freeze_vision:
+            tower = getattr(getattr(self.model, "model", None), "vision_tower", None)
+            if self.processor is None or tower is None:
+                raise LeantrainError(
+                    f"model.freeze_vision needs a vision-language model with a vision_tower; "
+                    f"{self.config.model.name!r} is not one"
+                )
+            tower.requires_grad_(False)
+
     def _setup_task(self) -> None:
         t = self.config.task
         self.task: Task = make_task(t.name, **t.options)
@@ -197,12 +257,20 @@ class GRPORun:
                     f"(got {self.config.orchestrator.mode!r})"
                 )
             self.engine = EpisodeRunner(self.engine, self.task)
+        self.report: VisionReport | None = None
+        if "image" in self.heldout[0].meta:
+            example_inputs(self.tokenizer, self.processor, self.heldout[0])  # text-only: error
+            if self.config.orchestrator.mode != "sync":
+                raise LeantrainError(
+                    f"task {t.name!r} has image prompts and needs orchestrator.mode: sync (got "
+                    f"{self.config.orchestrator.mode!r}); rollout workers run text prompts only"
+                )
+            self.report = VisionReport(self.out / "report.html")
 
     def _setup_optimizer(self) -> None:
         g = self.config.grpo
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=g.lr, weight_decay=g.weight_decay
-        )
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=g.lr, weight_decay=g.weight_decay)
         self.step = 0
         self.version = 0
         self.accuracy_before: float | None = None
@@ -238,21 +306,38 @@ class GRPORun:
 
     def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
         """This step's prompts and `group_size` sampled completions of each, prompt-major."""
-        examples, batch, seed = step_batch(self.task, self.tokenizer, self.config, step)
+        examples, batch, seed = step_batch(
+            self.task, self.tokenizer, self.config, step, self.processor
+        )
+        images = self.image_inputs(examples, self.config.grpo.group_size)
         if self.long_tail is None:
             with self._autocast():
-                completions = self.engine.generate(batch, self.sampling, seed=seed)
+                completions = self.engine.generate(batch, self.sampling, seed=seed, **images)
             return examples, completions
         with self._autocast():
             completions = self.engine.generate(
-                batch, self.sampling, seed=seed, return_hidden_states=self.long_tail.capture
+                batch,
+                self.sampling,
+                seed=seed,
+                return_hidden_states=self.long_tail.capture,
+                **images,
             )
         self.long_tail.observe(step, completions)  # the drafter's training data
         return examples, completions
 
+    def image_inputs(self, examples: list[Example], repeat: int = 1) -> dict[str, list]:
+        """`{"images": pixel values per prompt}` for the engine, each example's `repeat` times
+        in a row (prompt-major, as `step_batch`); {} for text examples."""
+        if self.processor is None or "image" not in examples[0].meta:
+            return {}
+        pixels = [example_inputs(self.tokenizer, self.processor, ex)[1] for ex in examples]
+        return {"images": [pv for pv in pixels for _ in range(repeat)]}
+
     def score(self, examples: list[Example], completions: list[Completion]) -> list[Trajectory]:
-        """Score completions (from `sample`) into trajectories; a crashing scorer scores 0."""
+        """Score completions (from `sample`) into trajectories; a crashing scorer scores 0.
+        Trajectories of image prompts carry their pixel values for the training forward."""
         group = self.config.grpo.group_size
+        pixels = self.image_inputs(examples).get("images", [None] * len(examples))
         if completions and isinstance(completions[0], Episode):  # one row per episode segment
             return [
                 row
@@ -262,16 +347,21 @@ class GRPORun:
                     score_safely(self.task, examples[i // group], ep.text, self.weights),
                     self.version,
                     i // group,
+                    pixel_values=pixels[i // group],
                 )
             ]
         return [
-            self._to_trajectory(c, examples[i // group], i // group)
+            self._to_trajectory(c, examples[i // group], i // group, pixels[i // group])
             for i, c in enumerate(completions)
         ]
 
-    def _to_trajectory(self, c: Completion, example: Example, group: int) -> Trajectory:
+    def _to_trajectory(
+        self, c: Completion, example: Example, group: int, pixel_values: torch.Tensor | None
+    ) -> Trajectory:
         versions = [self.version] * len(c.response_ids)
-        return to_trajectory(self.tokenizer, self.task, self.weights, c, example, group, versions)
+        row = to_trajectory(self.tokenizer, self.task, self.weights, c, example, group, versions)
+        row.pixel_values = pixel_values
+        return row
 
     # ----------------------------------------------------------------- train
     def train_step(
@@ -292,8 +382,9 @@ class GRPORun:
             for idx in micro_batches(trajectories, g.micro_batch_tokens)
         ]
         ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
-        # The schedule is a function of the step, so a resumed run follows the same one.
-        lr = g.lr * min(1.0, (self.step + 1) / max(1, g.warmup_steps))
+        # A function of the step and `steps`: resumed with the same `steps`, a run follows the
+        # same schedule.
+        lr = g.lr * lr_factor(g.lr_schedule, self.step, g.warmup_steps, self.config.steps)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
@@ -365,10 +456,9 @@ class GRPORun:
         """Greedy accuracy on the held-out problems (or `examples`)."""
         examples = self.heldout if examples is None else examples
         params = SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=0.0)
+        prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
         with self._autocast():
-            completions = self.engine.generate(
-                [encode_prompt(self.tokenizer, ex.prompt) for ex in examples], params
-            )
+            completions = self.engine.generate(prompts, params, **self.image_inputs(examples))
         solved = 0.0
         for ex, c in zip(examples, completions, strict=False):
             text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
@@ -445,6 +535,8 @@ class GRPORun:
         stats = self.train_step(trajectories)
         t2 = time.perf_counter()
         self.step += 1
+        if self.report is not None:  # sampled images with their completions, for a person
+            self.report.add(self.step, examples, trajectories, self.config.grpo.group_size)
         idle_s = time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train)
         totals.generate_s += t1 - t0
         totals.train_s += t2 - t_train

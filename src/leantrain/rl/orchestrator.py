@@ -12,9 +12,13 @@ trains, under three guarantees (arXiv 2604.26256):
 
 Two threads of control: the trainer (the caller's thread, `AsyncOrchestrator.step`) and the
 dispatcher (a thread that hands batch indices to free workers, collects results, and watches
-every wait against `timeout_s`). Workers are threads (rl/async_local.py) or Ray actors
-(rl/ray_backend.py) behind one small `Backend` interface; weights travel as state dicts or
-object-store references, tagged with their version.
+every wait against `timeout_s`). Workers are threads (rl/async_local.py), spawned processes
+(rl/async_process.py) or Ray actors (rl/ray_backend.py) behind one small `Backend` interface;
+weights travel as state dicts or object-store references, tagged with their version.
+
+When the trainer needs a batch that no worker has started and no ready worker is free to start
+(at the start, while worker processes or actors boot), it generates that batch itself on its
+current weights instead of waiting: a start-up costs seconds that would otherwise be idle.
 
 Knows nothing about losses or engines: the trainer is a `GRPORun` (rl/grpo.py), a worker a
 `RolloutWorker` (rl/rollout_worker.py).
@@ -52,7 +56,10 @@ class Backend(Protocol):
     workers: int
 
     def start(self, slot: int) -> None:
-        """Create (or replace) the worker in `slot`."""
+        """Create (or replace) the worker in `slot`; it may still be starting on return."""
+
+    def ready(self, slot: int) -> bool:
+        """Whether `slot`'s worker has started and can take a batch without queueing."""
 
     def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
         """Generate batch `index` on `slot`'s worker, starting on `weights`; a Future of a
@@ -117,6 +124,8 @@ class Dispatcher:
         self.restarts = 0
         self.busy_s = 0.0  # worker-seconds spent on jobs, delivered or not
         self.error: BaseException | None = None
+        # Guards `todo`, `running` and `attempts` between this thread and a claiming trainer.
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rollout-dispatcher", daemon=True)
 
@@ -131,6 +140,19 @@ class Dispatcher:
         """Raise the dispatcher's fatal error, if any (called by the waiting trainer)."""
         if self.error is not None:
             raise self.error
+
+    def claim(self, index: int) -> int | None:
+        """Hand batch `index` to the trainer to generate itself, if it is the next to start and
+        no free worker is ready to start it; returns its attempt number, or None."""
+        with self._lock:
+            if not self.todo or self.todo[0] != index:
+                return None
+            idle = [slot for slot in range(self.backend.workers) if slot not in self.running]
+            if any(map(self.backend.ready, idle)):
+                return None
+            self.todo.pop(0)
+            self.attempts[index] += 1
+            return self.attempts[index]
 
     def describe(self) -> str:
         """What every worker and the trainer are doing now, for stall reports."""
@@ -155,21 +177,25 @@ class Dispatcher:
             free = list(range(self.backend.workers))
             waiting_since: float | None = None
             while not self._stop.is_set() and (self.todo or self.running):
-                waiting_since = self._admit(free, waiting_since)
-                futures = [j.future for j in self.running.values()]
+                with self._lock:
+                    waiting_since = self._admit(free, waiting_since)
+                    futures = [j.future for j in self.running.values()]
                 if futures:
                     cf.wait(futures, timeout=0.05, return_when=cf.FIRST_COMPLETED)
-                elif self.todo:
+                elif self.todo and any(map(self.backend.ready, free)):
                     self.store.wait_for_step(self.todo[0] - self.k, timeout=0.05)
-                self._collect(free)
+                else:
+                    self._stop.wait(0.05)  # every worker is still starting
+                with self._lock:
+                    self._collect(free)
         except BaseException as e:  # kept for the trainer: a dead dispatcher must not hang it
             log.error("rollout dispatcher stopped: %s", e)
             self.error = e
 
     def _admit(self, free: list[int], waiting_since: float | None) -> float | None:
-        """Start the next batches on free workers while admission allows; returns since when
-        the next batch has waited for weights (None if it is not waiting)."""
-        while free and self.todo:
+        """Start the next batches on free, ready workers while admission allows; returns since
+        when the next batch has waited for weights (None if it is not waiting)."""
+        while self.todo and (ready := [slot for slot in free if self.backend.ready(slot)]):
             index = self.todo[0]
             weights = self.store.newest()
             if weights is None or weights.step < index - self.k:
@@ -183,7 +209,8 @@ class Dispatcher:
                         f"weights of step {index - self.k}"
                     )
                 return waiting_since
-            slot = free.pop(0)
+            slot = ready[0]
+            free.remove(slot)
             self.todo.pop(0)
             self.attempts[index] += 1
             future = self.backend.submit(slot, index, self.attempts[index], weights)
@@ -243,10 +270,11 @@ class AsyncOrchestrator:
                 f"task {run.config.task.name} is multi-turn; async orchestration runs "
                 "single-turn tasks only (use orchestrator.mode: sync)"
             )
-        if self.cfg.mode == "partial" and self.cfg.backend == "ray":
+        if self.cfg.mode == "partial" and self.cfg.backend != "local":
             raise LeantrainError(
                 "orchestrator.mode partial runs on the local backend only (workers poll the "
-                "weight store between segments); use backend: local or mode: async"
+                f"weight store between segments), not {self.cfg.backend!r}; use backend: local "
+                "or mode: async"
             )
         k = self.cfg.max_staleness
         self.store = WeightStore(keep=k + 1)
@@ -273,8 +301,9 @@ class AsyncOrchestrator:
 
     def _trainer_threads(self) -> int:
         """The trainer's torch threads. Locally torch's thread count is per process, so the
-        trainer and each worker thread all get an even share; actors of a local Ray take
-        `rollout_threads` each (1 by default) off the machine; a cluster's actors take none."""
+        trainer and each worker thread all get an even share; worker processes and actors of a
+        local Ray take `rollout_threads` each (1 by default) off the machine; a cluster's actors
+        take none."""
         workers, total = self.cfg.rollout_workers, self._threads_before
         if self.cfg.backend == "local":
             return max(1, self.cfg.rollout_threads or total // (workers + 1))
@@ -287,6 +316,10 @@ class AsyncOrchestrator:
             from leantrain.rl.ray_backend import RayBackend
 
             return RayBackend(self.run.config, faults)
+        if self.cfg.backend == "process":
+            from leantrain.rl.async_process import ProcessBackend
+
+            return ProcessBackend(self.run.config, faults)
         from leantrain.rl.async_local import LocalBackend
 
         return LocalBackend(self.run.config, self.store, faults)
@@ -324,6 +357,7 @@ class AsyncOrchestrator:
         """Train on the oldest batch (waiting for it if need be), publish the new weights, log."""
         run = self.run
         t0 = time.perf_counter()
+        inline_s = self._generate_inline(run.step)
         self._doing(f"waiting for batch {run.step}", busy=False)
         # The dispatcher replaces a dead or stalled worker within timeout_s, at most
         # max_restarts times; past that budget the trainer stops waiting.
@@ -332,7 +366,7 @@ class AsyncOrchestrator:
             check=self.dispatcher.check,
             describe=self.dispatcher.describe,
         )
-        wait_s = time.perf_counter() - t0
+        wait_s = time.perf_counter() - t0 - inline_s
         self.wait_s += wait_s
         staleness = [run.version - min(t.versions, default=run.version) for t in batch.trajectories]
         self._doing(f"training step {run.step + 1}", busy=True)
@@ -362,6 +396,7 @@ class AsyncOrchestrator:
             mixed_version_trajectories=mixed,
             batch_version=batch.version,
             batch_attempt=batch.attempt,
+            batch_worker=batch.worker,
             weight_publish_s=round(publish_s, 4),
             weight_load_s=round(batch.weight_sync_s, 4),
             versions_held=len(self.store.held()),
@@ -369,6 +404,22 @@ class AsyncOrchestrator:
             duplicates_rejected=self.buffer.duplicates,
             generation_idle_fraction=round(self.generation_idle, 4),
         )
+
+    def _generate_inline(self, index: int) -> float:
+        """Generate batch `index` on the trainer's weights when no worker can start it now;
+        returns the seconds it took (0 if a worker has it). The batch goes through the buffer
+        like any other, so exactly-once delivery is checked in one place."""
+        attempt = self.dispatcher.claim(index)
+        if attempt is None:
+            return 0.0
+        self._doing(f"generating batch {index} itself (no worker ready)", busy=True)
+        t0 = time.perf_counter()
+        trajectories = self.run.rollout(index)
+        seconds = time.perf_counter() - t0
+        self.buffer.put(
+            RolloutBatch(index, trajectories, self.run.version, "trainer", attempt, seconds, 0.0)
+        )
+        return seconds
 
     def _generation_idle(self) -> float:
         """Share of worker time (workers x seconds since start) not spent on a batch."""

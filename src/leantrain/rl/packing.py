@@ -41,6 +41,9 @@ class PackedBatch:
         advantages: (R,) the trajectory's advantage on each of its response tokens.
         sequence_index: (R,) long, which trajectory of this batch (0..S-1) each token belongs to.
         num_sequences: S, the number of trajectories packed.
+        pixel_values: (n_images, C, H, W) every trajectory's images in row order, which is the
+            order of their image tokens in `input_ids` (a VLM fills those positions in order),
+            so rows with images pack like any other; None when no trajectory has one.
     """
 
     input_ids: Tensor
@@ -52,6 +55,7 @@ class PackedBatch:
     advantages: Tensor
     sequence_index: Tensor
     num_sequences: int
+    pixel_values: Tensor | None = None
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch with every tensor on `device`."""
@@ -97,6 +101,7 @@ def pack(
     logit_positions = first_logit.repeat_interleave(response_lens) + _index_within(response_lens)
     tokens = chain.from_iterable(t.prompt_ids + t.response_ids for t in trajectories)
     masks = chain.from_iterable(_loss_mask(t, mask_truncated) for t in trajectories)
+    images = [t.pixel_values for t in trajectories if t.pixel_values is not None]
     return PackedBatch(
         input_ids=torch.tensor(list(tokens), dtype=torch.long)[None],
         position_ids=_index_within(seq_lens)[None],
@@ -112,6 +117,7 @@ def pack(
         advantages=advantages.detach().to("cpu", torch.float32).repeat_interleave(response_lens),
         sequence_index=torch.arange(len(trajectories)).repeat_interleave(response_lens),
         num_sequences=len(trajectories),
+        pixel_values=torch.cat(images) if images else None,
     )
 
 
@@ -152,11 +158,13 @@ def packed_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values}
     out = model(
         input_ids=batch.input_ids,
         position_ids=batch.position_ids,
         use_cache=False,
         logits_to_keep=batch.logit_positions,
+        **images,
     )
     logits = out.logits[0].float() / temperature  # (R, vocab); float32 for a stable logsumexp
     # log_softmax gathered at the targets, without a second (R, vocab) tensor.

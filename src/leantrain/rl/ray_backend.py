@@ -31,6 +31,9 @@ class _Actor:
         self.worker = RolloutWorker(config, name, faults)
         self.timeout_s = config.orchestrator.timeout_s
 
+    def ping(self) -> None:
+        """Answers once the actor is constructed (its model loaded)."""
+
     def generate(self, index: int, attempt: int, version: int, weights: list[Any]) -> Any:
         import ray
 
@@ -66,12 +69,18 @@ class RayBackend:
                 ray.init(address=o.ray_address, log_to_driver=False)
         self._remote = ray.remote(num_cpus=0)(_Actor)
         self._actors: list[Any] = [None] * self.workers
+        self._started: list[cf.Future | None] = [None] * self.workers
         self._generation = 0
 
     def start(self, slot: int) -> None:
         self._generation += 1
         name = f"ray-worker-{slot}.{self._generation}"
         self._actors[slot] = self._remote.remote(self.config, name, self.threads, self.faults)
+        self._started[slot] = self._actors[slot].ping.remote().future()
+
+    def ready(self, slot: int) -> bool:
+        started = self._started[slot]
+        return started is not None and started.done()
 
     def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
         actor = self._actors[slot]
@@ -83,7 +92,7 @@ class RayBackend:
         return self.ray.put(state)
 
     def abandon(self, slot: int) -> None:
-        actor, self._actors[slot] = self._actors[slot], None
+        actor, self._actors[slot], self._started[slot] = self._actors[slot], None, None
         if actor is not None:
             self.ray.kill(actor, no_restart=True)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+
 from leantrain.generation import FinishReason
 
 # A multi-turn episode (rl/episodes.py) can also end on its turn limit or its token budget.
@@ -28,6 +30,8 @@ class Trajectory:
         group_id: trajectories with the same group id answer the same prompt.
         text: decoded response, for logging and scoring only.
         error: a reward function's exception message, if scoring failed.
+        pixel_values: (n_images, C, H, W) the prompt's images for a vision-language model, in
+            the order their image tokens appear in `prompt_ids`; None for a text prompt.
     """
 
     prompt_ids: list[int]
@@ -41,6 +45,7 @@ class Trajectory:
     group_id: int = 0
     text: str = ""
     error: str | None = None
+    pixel_values: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -21,6 +21,7 @@ from leantrain.tasks.jsonl import JsonlTask
 from leantrain.tasks.rewards import RewardWeights, ScoreResult, score_safely, total
 from leantrain.tasks.sentiment import SentimentTask
 from leantrain.tasks.tool_arith import ToolArithTask
+from leantrain.tasks.visual import VisualTask
 
 TASKS: dict[str, type[Task]] = {
     "arith": ArithTask,
@@ -29,6 +30,7 @@ TASKS: dict[str, type[Task]] = {
     "jsonl": JsonlTask,
     "sentiment": SentimentTask,
     "tool_arith": ToolArithTask,
+    "visual": VisualTask,
 }
 
 
@@ -82,6 +84,7 @@ __all__ = [
     "SentimentTask",
     "Task",
     "ToolArithTask",
+    "VisualTask",
     "check_parts",
     "length_stats",
     "make_task",

@@ -1,0 +1,231 @@
+"""`visual`: numbers read from a rendered image, added up with the Python tool (Visual-ARFT's
+agentic coding setting, sized for the built-in tiny VLM).
+
+    image:   a 64x64 receipt, one glyph per 8x8 cell     prompt: "<image>total?\\n"
+             RECEIPT
+             AB   12
+             KW    7
+    episode: "<python>\\nprint(12+7)\\n</python>"       model turn 1, ends on the tool stop
+             "\\n<output>\\n19\\n</output>\\n"          environment: the sandbox's stdout
+             "answer: 19"                               model turn 2, then EOS
+
+Two styles: `receipt` (the in-domain one: a header, then item lines with their prices,
+black ink on off-white paper) and `tags` (the held-out domain, never trained on: the numbers on
+one line at a random row and column, coloured ink on a tinted card, no header, no item names).
+Every glyph sits in its own 8x8 cell, so a vision patch of the same size sees exactly one glyph.
+Rendering uses Pillow's built-in bitmap font only, so a seed gives the same pixels everywhere.
+
+Rewards: `format` is 1 for tool calls each followed by the environment's reply, then
+`answer: N`; `answer` is 1 when the last `answer:` is the total; `tool` is 1 only when a tool call
+ran in the sandbox, exited cleanly and printed the total: stricter than `tool_arith` (which gives
+it for any clean run) and than Visual-ARFT's released code (a flat 0.9 whenever a code block
+appears, never run). The model cannot forge it: its turn ends at `</python>`, so `</python>`
+directly followed by `<output>` only ever comes from the environment.
+
+Knows nothing about tokens, processors or models: an example carries its PIL image in
+`meta["image"]`, and the tool calls are `tool_arith`'s (same sandbox, same reply format).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from PIL import Image, ImageDraw, ImageFont
+
+from leantrain.errors import LeantrainError
+from leantrain.tasks.base import Example, Task
+from leantrain.tasks.tool_arith import TOOL_STOP, ToolArithTask, ToolCall, worked_turns
+
+IMAGE_TOKEN = "<image>"  # where the processor puts the image's patch tokens
+CELL = 8  # pixels per glyph cell (and per vision patch)
+GRID = 8  # cells per side: a 64x64 image
+IMAGE_SIZE = CELL * GRID
+QUESTION = "total?"
+STYLES = ("receipt", "tags")
+Style = Literal["receipt", "tags"]
+# Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
+# reach into the cell below.
+GLYPHS = "0123456789ABCDEFGHIJKLMNOPRSTUVWXYZ?+"
+_LETTERS = "ABCDEFGHIJKLMNOPRSTUVWXYZ"
+
+_POOL_STRIDE = 1_000_003  # pool example i of pool_seed s renders from seed s * stride + i
+_ANSWER = re.compile(r"answer:\s*(-?\d+)")
+_FORMAT = re.compile(
+    r"(?:<python>\n.+?\n</python>\n<(output|error)>\n.*?\n</\1>\n)+answer: -?\d+", re.DOTALL
+)
+_TOOL_OUTPUT = re.compile(re.escape(TOOL_STOP) + r"\n<output>\n(.*?)\n</output>", re.DOTALL)
+
+
+def glyph_font() -> ImageFont.ImageFont:
+    """Pillow's built-in bitmap font: 5x7-pixel glyphs, identical on every machine."""
+    return ImageFont.load_default_imagefont()
+
+
+def render_grid(
+    lines: dict[int, str],
+    *,
+    paper: tuple[int, int, int],
+    ink: tuple[int, int, int],
+    offset: tuple[int, int] = (1, 0),
+) -> Image.Image:
+    """A 64x64 RGB image with `lines[row]` written one character per 8x8 cell from column 0
+    (characters from `GLYPHS`, or spaces).
+
+    `offset` shifts every glyph inside its cell (x in 0..2, y in 0..1): the 5x7 glyph never
+    leaves the cell, so one vision patch still sees one whole glyph.
+    """
+    image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), paper)
+    draw = ImageDraw.Draw(image)
+    font = glyph_font()
+    for row, text in lines.items():
+        if not 0 <= row < GRID or len(text) > GRID:
+            raise ValueError(f"line {text!r} at row {row} does not fit the {GRID}x{GRID} grid")
+        for col, char in enumerate(text):
+            if char not in GLYPHS + " ":
+                raise ValueError(f"{char!r} is not one of the glyphs that fit a cell: {GLYPHS}")
+            if char != " ":
+                # The bitmap font draws a glyph's top row 2 px below the anchor: lift it by 2.
+                xy = (col * CELL + offset[0], row * CELL + offset[1] - 2)
+                draw.text(xy, char, font=font, fill=ink)
+    return image
+
+
+def text_grid(lines: dict[int, str]) -> list[str]:
+    """The character in each cell, row-major (64 strings, " " for an empty cell): what a reader
+    of the image sees, in the order its patches reach the language model."""
+    return [(lines.get(row, "") + " " * GRID)[col] for row in range(GRID) for col in range(GRID)]
+
+
+@dataclass
+class VisualTask(Task):
+    """Add up the numbers in a rendered image with the Python tool.
+
+    Attributes:
+        style: `receipt` (in-domain) or `tags` (the held-out domain).
+        min_items: fewest numbers in an image.
+        max_items: most numbers in an image (at most 3: one line of tags must fit 8 cells).
+        max_value: largest number (1..99: two glyphs at most).
+        max_turns: model turns per episode.
+        episode_tokens: token budget of an episode after its prompt.
+        timeout_s: sandbox wall-clock limit per tool call.
+        max_output_chars: the tool's stdout/stderr shown to the model is cut to this many chars.
+        pool: 0 draws a new example every time; N > 0 draws from a fixed set of N examples
+            (Visual-ARFT trains on tens of examples for many epochs).
+        pool_seed: which fixed set `pool` draws from.
+    """
+
+    style: Style = "receipt"
+    min_items: int = 2
+    max_items: int = 3
+    max_value: int = 30
+    max_turns: int = 3
+    episode_tokens: int = 96
+    timeout_s: float = 2.0
+    max_output_chars: int = 200
+    pool: int = 0
+    pool_seed: int = 0
+    name: str = "visual"
+    parts = ("format", "answer", "tool")
+    multi_turn = True  # rollouts are tool episodes (rl/episodes.py)
+    tool_stop = TOOL_STOP
+    _tools: ToolArithTask = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "style": self.style in STYLES,
+            "min_items": 1 <= self.min_items <= self.max_items,
+            "max_items": 1 <= self.max_items <= 3,
+            "max_value": 1 <= self.max_value <= 99,
+            "max_turns": self.max_turns >= 1,
+            "episode_tokens": self.episode_tokens >= 1,
+            "timeout_s": self.timeout_s > 0,
+            "max_output_chars": self.max_output_chars >= 1,
+            "pool": self.pool >= 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise LeantrainError(
+                f"visual: invalid {bad[0]}={getattr(self, bad[0])!r} (need style in {STYLES}, "
+                "1 <= min_items <= max_items <= 3, 1 <= max_value <= 99, max_turns >= 1, "
+                "episode_tokens >= 1, timeout_s > 0, max_output_chars >= 1, pool >= 0)"
+            )
+        # The tool side is tool_arith's: the same sandbox call and reply format.
+        self._tools = ToolArithTask(
+            timeout_s=self.timeout_s, max_output_chars=self.max_output_chars
+        )
+
+    def sample(self, rng: random.Random) -> Example:
+        if self.pool:
+            return self._render(
+                random.Random(self.pool_seed * _POOL_STRIDE + rng.randrange(self.pool))
+            )
+        return self._render(rng)
+
+    def _render(self, rng: random.Random) -> Example:
+        """One example drawn from `rng`: its numbers, layout, colours and image."""
+        values = [
+            rng.randint(1, self.max_value)
+            for _ in range(rng.randint(self.min_items, self.max_items))
+        ]
+        lines, paper, ink = (self._receipt if self.style == "receipt" else self._tags)(values, rng)
+        offset = (rng.randint(0, 2), rng.randint(0, 1))
+        expression = "+".join(map(str, values))
+        answer = str(sum(values))
+        return Example(
+            prompt=f"{IMAGE_TOKEN}{QUESTION}\n",
+            answer=answer,
+            solution="".join(text for text, _ in worked_turns(expression, answer)),
+            meta={
+                "image": render_grid(lines, paper=paper, ink=ink, offset=offset),
+                "style": self.style,
+                "values": values,
+                "expression": expression,
+                "cells": text_grid(lines),
+            },
+        )
+
+    @staticmethod
+    def _receipt(
+        values: list[int], rng: random.Random
+    ) -> tuple[dict[int, str], tuple[int, int, int], tuple[int, int, int]]:
+        """A header line at a random row, then one `NAME price` line per value, the prices either
+        right-aligned in a column or right after each name: black on off-white paper."""
+        top = rng.randint(0, GRID - 1 - len(values))
+        lines = {top: "RECEIPT"}
+        in_column = rng.random() < 0.5
+        for row, value in enumerate(values, start=top + 1):
+            item = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(1, 3)))
+            price = str(value)
+            lines[row] = item.ljust(GRID - 2) + price.rjust(2) if in_column else f"{item} {price}"
+        shade = rng.randint(235, 255)
+        return lines, (shade, shade, shade - rng.randint(0, 15)), (0, 0, 0)
+
+    @staticmethod
+    def _tags(
+        values: list[int], rng: random.Random
+    ) -> tuple[dict[int, str], tuple[int, int, int], tuple[int, int, int]]:
+        """The numbers on one line, space-separated, at a random row and column: coloured ink on
+        a tinted card."""
+        text = " ".join(map(str, values))
+        lines = {rng.randint(0, GRID - 1): " " * rng.randint(0, GRID - len(text)) + text}
+        paper = tuple(rng.randint(200, 255) for _ in range(3))
+        ink = tuple(rng.randint(0, 90) for _ in range(3))
+        return lines, paper, ink
+
+    def call_tool(self, turn_text: str) -> ToolCall:
+        """Run the tool call that ends `turn_text` in the sandbox (as `tool_arith` does)."""
+        return self._tools.call_tool(turn_text)
+
+    def score(self, example: Example, response: str) -> dict[str, float]:
+        """`response` is the episode's transcript: model turns with the environment's replies."""
+        text = response.strip()
+        found = _ANSWER.findall(text)
+        printed = [out.strip() for out in _TOOL_OUTPUT.findall(text)]
+        return {
+            "format": float(_FORMAT.fullmatch(text) is not None),
+            "answer": float(bool(found) and found[-1] == example.answer),
+            "tool": float(example.answer in printed),
+        }

@@ -1,0 +1,115 @@
+import random
+
+import numpy as np
+import pytest
+
+from leantrain.errors import LeantrainError
+from leantrain.tasks import make_task
+from leantrain.tasks.visual import CELL, GRID, VisualTask
+
+
+@pytest.fixture(scope="module")
+def task() -> VisualTask:
+    return VisualTask(timeout_s=1.0)
+
+
+def _pixels(ex) -> bytes:
+    return ex.meta["image"].tobytes()
+
+
+@pytest.mark.parametrize("style", ["receipt", "tags"])
+def test_rendering_is_deterministic_for_a_seed(style):
+    task = VisualTask(style=style)
+    first, again = task.examples(6, seed=11), task.examples(6, seed=11)
+    assert [_pixels(a) for a in first] == [_pixels(b) for b in again]
+    assert [a.answer for a in first] == [b.answer for b in again]
+    other = task.examples(6, seed=12)
+    assert [_pixels(a) for a in first] != [_pixels(b) for b in other]
+
+
+@pytest.mark.parametrize("style", ["receipt", "tags"])
+def test_each_glyph_fills_one_cell_and_the_image_carries_the_numbers(style):
+    for ex in VisualTask(style=style).examples(20, seed=3):
+        image = np.asarray(ex.meta["image"]).astype(int)  # (64, 64, 3)
+        assert image.shape == (GRID * CELL, GRID * CELL, 3)
+        paper = image[-1, -1]  # the bottom-right cell is always empty in both styles
+        cells = ex.meta["cells"]
+        for index, char in enumerate(cells):
+            row, col = divmod(index, GRID)
+            patch = image[row * CELL : (row + 1) * CELL, col * CELL : (col + 1) * CELL]
+            inked = (np.abs(patch - paper).sum(-1) > 60).any()
+            assert inked == (char != " "), (style, index, char)
+        # The numbers to add are in the image, in reading order, and sum to the answer.
+        text = "".join(cells)
+        values = ex.meta["values"]
+        assert sum(values) == int(ex.answer)
+        assert all(f" {v}" in f" {text}" for v in values)
+
+
+def test_tags_and_receipts_are_different_styles():
+    receipt = VisualTask(style="receipt").sample(random.Random(0))
+    tags = VisualTask(style="tags").sample(random.Random(0))
+    assert "RECEIPT" in "".join(receipt.meta["cells"])
+    assert "RECEIPT" not in "".join(tags.meta["cells"])
+    assert receipt.prompt == tags.prompt == "<image>total?\n"
+
+
+def test_worked_solutions_score_full_marks(task):
+    for ex in task.examples(10, seed=5):
+        assert task.score(ex, ex.solution) == {"format": 1.0, "answer": 1.0, "tool": 1.0}
+
+
+def _episode(task, ex, code: str) -> str:
+    """The transcript the episode runner builds: the model's call, the sandbox's real reply."""
+    call = f"<python>\n{code}\n</python>"
+    return f"{call}\n{task.call_tool(call).output}\n"
+
+
+def test_tool_reward_needs_code_that_runs_and_prints_the_right_value(task):
+    ex = task.sample(random.Random(1))
+    expression = ex.meta["expression"]
+    right = f"answer: {ex.answer}"
+    cases = {
+        f"print({expression})": 1.0,  # runs, prints the total
+        f"print({expression}+1)": 0.0,  # runs cleanly, wrong value
+        f"print({expression}": 0.0,  # does not run: SyntaxError
+        f"print(undefined_name + {expression})": 0.0,  # does not run: NameError
+        "import sys; sys.exit(3)": 0.0,  # exits uncleanly
+        "x = 5": 0.0,  # runs, prints nothing
+    }
+    for code, expected in cases.items():
+        parts = task.score(ex, _episode(task, ex, code) + right)
+        assert parts["tool"] == expected, code
+        assert parts["answer"] == 1.0
+        assert parts["format"] == 1.0
+    # The right value printed by a failing run (printed, then crashed) is not a clean run.
+    crashed = _episode(task, ex, f"print({expression}); 1/0")
+    assert "<error>" in crashed and task.score(ex, crashed + right)["tool"] == 0.0
+    # An output block the model wrote itself is not a tool run.
+    forged = f"<output>\n{ex.answer}\n</output>\n{right}"
+    assert task.score(ex, forged) == {"format": 0.0, "answer": 1.0, "tool": 0.0}
+    # The last answer counts.
+    run = _episode(task, ex, f"print({expression})")
+    assert task.score(ex, run + f"answer: {ex.answer}0")["answer"] == 0.0
+
+
+def test_a_pool_is_a_fixed_set_of_examples():
+    pooled = VisualTask(pool=5, pool_seed=2)
+    drawn = pooled.examples(60, seed=0)
+    images = {_pixels(ex) for ex in drawn}
+    assert len(images) == 5  # 60 draws, 5 distinct examples
+    assert {_pixels(ex) for ex in VisualTask(pool=5, pool_seed=2).examples(60, seed=9)} == images
+    assert images.isdisjoint(_pixels(ex) for ex in VisualTask(pool=5, pool_seed=3).examples(60, 0))
+
+
+def test_options_are_checked():
+    assert make_task("visual", style="tags", max_items="2").max_items == 2
+    for bad in (
+        {"style": "clock"},
+        {"max_items": 4},
+        {"max_value": 100},
+        {"min_items": 0},
+        {"pool": -1},
+    ):
+        with pytest.raises(LeantrainError, match="visual"):
+            make_task("visual", **bad)
