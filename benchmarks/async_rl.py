@@ -7,10 +7,11 @@ another in this process.
   busy machine OpenMP spin-waits make 2 threads slower).
 - async k: a rollout worker generates step n+1.. while the trainer trains step n, one torch
   thread each, so both cores work; each batch is generated on one policy version, at most k
-  versions behind the trainer, with decoupled-PPO correction. The worker is a Ray actor by
-  default (its own process: the tiny model's decode loop is Python-bound, and a worker THREAD
-  shares the trainer's GIL); `--backend local` runs it as a thread instead. The actor's start-up
-  (a few seconds: a fresh process imports torch) is inside the timed run.
+  versions behind the trainer, with decoupled-PPO correction. The worker is a spawned process by
+  default (`--backend process`: the tiny model's decode loop is Python-bound, and a worker THREAD
+  shares the trainer's GIL); `--backend ray` makes it a Ray actor, `--backend local` a thread.
+  The worker's start-up (a few seconds: a fresh process imports torch) is inside the timed run;
+  the trainer generates its batches itself until the worker is ready.
 
 Reported per mode: wall time of the training loop (held-out evaluations excluded), generation
 idle fraction (share of the run the generator was not generating), final held-out accuracy
@@ -105,9 +106,9 @@ def main() -> None:
     parser.add_argument(
         "--backend",
         choices=("local", "process", "ray"),
-        default="ray",
-        help="async rollout workers: Ray actors (own processes, no shared GIL; their start-up "
-        "is timed) or threads of this process (local)",
+        default="process",
+        help="async rollout workers: spawned processes (no shared GIL; their start-up is "
+        "timed), Ray actors, or threads of this process (local)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

@@ -107,6 +107,36 @@ def test_cosine_schedule_sets_the_optimizer_lr(small_rl_config: RLConfig) -> Non
         assert run.optimizer.param_groups[0]["lr"] == stats["lr"]
 
 
+def test_decoupled_correction_reuses_the_training_forward(
+    small_rl_config: RLConfig, monkeypatch
+) -> None:
+    """With one pass and no dropout, pi_prox is the training forward's own detached logprobs:
+    the same update as a separate no-grad forward (the path for several passes), one forward
+    per micro-batch fewer."""
+    real = grpo.packed_logprobs
+    calls = []
+    monkeypatch.setattr(grpo, "packed_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def stale_update(one_pass: bool) -> tuple[dict[str, torch.Tensor], int]:
+        run = GRPORun(
+            small_rl_config.model_copy(update={"out": small_rl_config.out / str(one_pass)}),
+            progress=False,
+        )
+        stale = run.rollout(0)  # sampled by version 0 ...
+        run.train_step(run.rollout(1))  # ... trained on by version 1
+        monkeypatch.setattr(grpo, "dropout_free", lambda model: one_pass)
+        calls.clear()
+        run.train_step(stale, correction="decoupled", is_cap=2.0)
+        return _weights(run), len(calls)
+
+    assert grpo.dropout_free(GRPORun(small_rl_config, progress=False).model)
+    fused, fused_forwards = stale_update(one_pass=True)
+    separate, separate_forwards = stale_update(one_pass=False)
+    assert separate_forwards == 2 * fused_forwards
+    for k, v in fused.items():
+        torch.testing.assert_close(v, separate[k], rtol=1e-5, atol=1e-6)
+
+
 def test_non_finite_loss_skips_the_update(small_rl_config: RLConfig, monkeypatch) -> None:
     run = GRPORun(small_rl_config, progress=False)
     trajectories = run.rollout(0)

@@ -95,6 +95,15 @@ LR_DECAY: dict[str, Callable[[float], float]] = {
 }
 
 
+def dropout_free(model: torch.nn.Module) -> bool:
+    """Whether `model` computes the same in train and eval mode: no dropout module with p > 0
+    and no attention or hidden dropout in its config."""
+    config = getattr(model, "config", None)
+    rates = [getattr(config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout")]
+    modules = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    return not any(rate > 0 for rate in rates + modules)
+
+
 def accuracy_part(parts: dict[str, float]) -> float:
     """What counts as solved: the `answer` part, else the `tool` part (code), else 0."""
     return parts.get("answer", parts.get("tool", 0.0))
@@ -388,13 +397,18 @@ class GRPORun:
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = lr
         stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
-        # Before any update: the decoupled correction's proximal policy is the weights as they
-        # are now, evaluated without dropout like the rollout.
-        self.model.eval()
-        loss_inputs = [
-            correction_inputs(correction, mb.to(self.device), self._logprobs, is_cap)
-            for mb in batches
-        ]
+        # The decoupled correction's proximal policy is the weights before this step's update,
+        # without dropout like the rollout. With one pass and no dropout, every micro-batch's
+        # training forward runs on exactly those weights (the optimizer steps after the last),
+        # so its detached logprobs are pi_prox; otherwise one no-grad forward each, up front.
+        one_pass = g.num_iterations == 1 and dropout_free(self.model)
+        loss_inputs: list[dict[str, Any] | None] = [None] * len(batches)
+        if not one_pass:
+            self.model.eval()
+            loss_inputs = [
+                correction_inputs(correction, mb.to(self.device), self._logprobs, is_cap)
+                for mb in batches
+            ]
         self.model.train()
         for _ in range(g.num_iterations):
             total_loss = 0.0
@@ -403,6 +417,9 @@ class GRPORun:
                 mb = mb.to(self.device)
                 with self._autocast():
                     logp = packed_logprobs(self.model, mb, self.logprob_temperature)
+                    if extra is None:
+                        prox = logp.detach()
+                        extra = correction_inputs(correction, mb, lambda _, p=prox: p, is_cap)
                     ref = None
                     if self.ref_model is not None:
                         with torch.no_grad():
