@@ -568,7 +568,7 @@ class GRPORun:
         gen_s: float,
         train_s: float,
         idle_s: float,
-        **extra: float,
+        **extra: float | int | str,
     ) -> dict[str, Any]:
         """Append the finished step's record (plus `extra` fields) to metrics.jsonl and a few
         of its completions to completions.jsonl; returns the record."""
