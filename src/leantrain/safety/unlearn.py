@@ -73,15 +73,15 @@ class UnlearnConfig(Strict):
 
     method: Method = Field("npo", description="ga, graddiff, npo, rmu or rmu_multilayer.")
     steps: int = Field(
-        60,
+        int(TUNED["npo"]["steps"]),
         ge=1,
         description="Optimizer steps; more forgets more and costs more retain utility."
         + _TUNED_NOTE,
     )
-    lr: float = Field(5e-4, gt=0.0, description="AdamW learning rate." + _TUNED_NOTE)
+    lr: float = Field(TUNED["npo"]["lr"], gt=0.0, description="AdamW learning rate." + _TUNED_NOTE)
     batch_size: int = Field(16, ge=1, description="Forget (and retain) facts per step.")
     retain_weight: float = Field(
-        4.0,
+        TUNED["npo"]["retain_weight"],
         ge=0.0,
         description="Weight of the retain term (graddiff, npo, rmu variants)." + _TUNED_NOTE,
     )

@@ -32,11 +32,13 @@ from leantrain.tasks.sandbox import run_python
 
 TOOL_OPEN = "<python>"
 TOOL_STOP = "</python>"  # the stop string that ends a model turn with a tool call
-_ANSWER = re.compile(r"answer:\s*(-?\d+)")
-_RAN_CLEANLY = re.compile(re.escape(TOOL_STOP) + r"\n<output>\n.+?\n</output>", re.DOTALL)
-_FORMAT = re.compile(
+# How an episode transcript is read (here and by every task built on this tool protocol).
+ANSWER = re.compile(r"answer:\s*(-?\d+)")
+EPISODE_FORMAT = re.compile(
     r"(?:<python>\n.+?\n</python>\n<(output|error)>\n.*?\n</\1>\n)+answer: -?\d+", re.DOTALL
 )
+# The stdout of each tool call that ran cleanly (only the environment writes `</python>\n<output>`).
+TOOL_OUTPUT = re.compile(re.escape(TOOL_STOP) + r"\n<output>\n(.*?)\n</output>", re.DOTALL)
 
 ToolOutcome = Literal["ok", "error", "timeout", "malformed"]
 
@@ -166,9 +168,9 @@ class ToolArithTask(Task):
     def score(self, example: Example, response: str) -> dict[str, float]:
         """`response` is the episode's transcript: model turns with the environment's replies."""
         text = response.strip()
-        found = _ANSWER.findall(text)
+        found = ANSWER.findall(text)
         return {
-            "format": float(_FORMAT.fullmatch(text) is not None),
+            "format": float(EPISODE_FORMAT.fullmatch(text) is not None),
             "answer": float(bool(found) and found[-1] == example.answer),
-            "tool": float(_RAN_CLEANLY.search(text) is not None),
+            "tool": float(any(TOOL_OUTPUT.findall(text))),  # ran cleanly and printed something
         }

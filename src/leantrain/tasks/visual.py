@@ -29,7 +29,6 @@ Knows nothing about tokens, processors or models: an example carries its PIL ima
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -37,7 +36,15 @@ from PIL import Image, ImageDraw, ImageFont
 
 from leantrain.errors import LeantrainError
 from leantrain.tasks.base import Example, Task
-from leantrain.tasks.tool_arith import TOOL_STOP, ToolArithTask, ToolCall, worked_turns
+from leantrain.tasks.tool_arith import (
+    ANSWER,
+    EPISODE_FORMAT,
+    TOOL_OUTPUT,
+    TOOL_STOP,
+    ToolArithTask,
+    ToolCall,
+    worked_turns,
+)
 
 IMAGE_TOKEN = "<image>"  # where the processor puts the image's patch tokens
 CELL = 8  # pixels per glyph cell (and per vision patch)
@@ -52,11 +59,6 @@ GLYPHS = "0123456789ABCDEFGHIJKLMNOPRSTUVWXYZ?+"
 _LETTERS = "ABCDEFGHIJKLMNOPRSTUVWXYZ"
 
 _POOL_STRIDE = 1_000_003  # pool example i of pool_seed s renders from seed s * stride + i
-_ANSWER = re.compile(r"answer:\s*(-?\d+)")
-_FORMAT = re.compile(
-    r"(?:<python>\n.+?\n</python>\n<(output|error)>\n.*?\n</\1>\n)+answer: -?\d+", re.DOTALL
-)
-_TOOL_OUTPUT = re.compile(re.escape(TOOL_STOP) + r"\n<output>\n(.*?)\n</output>", re.DOTALL)
 
 
 def glyph_font() -> ImageFont.ImageFont:
@@ -222,10 +224,10 @@ class VisualTask(Task):
     def score(self, example: Example, response: str) -> dict[str, float]:
         """`response` is the episode's transcript: model turns with the environment's replies."""
         text = response.strip()
-        found = _ANSWER.findall(text)
-        printed = [out.strip() for out in _TOOL_OUTPUT.findall(text)]
+        found = ANSWER.findall(text)
+        printed = [out.strip() for out in TOOL_OUTPUT.findall(text)]
         return {
-            "format": float(_FORMAT.fullmatch(text) is not None),
+            "format": float(EPISODE_FORMAT.fullmatch(text) is not None),
             "answer": float(bool(found) and found[-1] == example.answer),
             "tool": float(example.answer in printed),
         }
