@@ -1,5 +1,6 @@
 """Peak memory of one fine-tuning step against sequence length: full fine-tuning, LoRA, LoRA with
-activation checkpointing, LARS and LoRA+LARS, on the same model, batch and tokens.
+activation checkpointing, LoRA with the lean kernels, LARS with stock kernels, LARS and
+LoRA+LARS, on the same model, batch and tokens.
 
 Each method runs in its own fresh process (so no method inherits another's allocator state),
 started with `MALLOC_MMAP_THRESHOLD_=65536` so glibc returns every freed tensor to the OS and the
@@ -11,10 +12,21 @@ counted beside it. Inputs are the same random token ids for every method (batch 
 token). The method setup is `leantrain tune`'s own (`SFTRun`), LoRA r=8 and LARS rank 8 on every
 projection.
 
+LARS (`lars`, `lora+lars`) runs with the lean kernels (`leantrain.memory.kernels`: a SiLU product
+and RMSNorm that keep fewer tensors, exact gradients), as `leantrain tune` does. They would help
+LoRA too, so two more rows split the gain: `lora+lean` (LoRA with the same kernels) and
+`lars-stock` (LARS without them). The issue's target compares `lars` with plain `lora` (PEFT
+LoRA, the paper's baseline).
+
+Where the saved bytes go: at the first length each process also lists every tensor autograd
+saves (`leantrain.memory.probe.saved_tensors`) and sums, for one middle decoder layer, the
+numbers kept per token by part (norms, attention, projection inputs, SwiGLU intermediates), in
+units of the hidden size d.
+
 Accuracy beside memory: each method also runs `configs/tiny-sft.yaml` (SFT on `arith` worked
 solutions, 40 steps) and reports held-out greedy accuracy (skipped by `--quick`), at the learning
 rate that suits it: 5e-4 when the full weights train (full, lars; 2e-3 degrades the half-trained
-tiny model), 2e-3 for LoRA adapters (LoRA, LoRA+ckpt, LoRA+LARS).
+tiny model), 2e-3 for LoRA adapters (every lora row).
 
     python benchmarks/memory.py            # lengths 256..4096, accuracy after the config's steps
     python benchmarks/memory.py --quick    # lengths 256..4096 (fewer), no accuracy; < 2 min
@@ -35,10 +47,45 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rich.table import Table
+
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 CONFIG = Path(__file__).parents[1] / "configs" / "tiny-sft.yaml"
-METHODS = ("full", "lora", "lora+ckpt", "lars", "lora+lars")
+# Row name -> TuneConfig overrides. lean_kernels None is tune's default: on for the lars methods.
+METHODS = {
+    "full": {"method": "full"},
+    "lora": {"method": "lora"},
+    "lora+ckpt": {"method": "lora", "gradient_checkpointing": True},
+    "lora+lean": {"method": "lora", "lean_kernels": True},
+    "lars-stock": {"method": "lars", "lean_kernels": False},
+    "lars": {"method": "lars"},
+    "lora+lars": {"method": "lora+lars"},
+}
 ADAPTER_LR = 2e-3  # LoRA adapters start at zero and take a larger rate than the full weights
+# Parts of a decoder layer's saved tensors, by the module that saved them (first match wins).
+PARTS = (
+    ("norms", "norm"),
+    ("proj inputs", "_proj"),  # LoRA's lora_A/lora_B inputs, LARS's coordinates
+    ("attention", "self_attn"),  # SDPA's q, k, v, output; RoPE
+    ("SwiGLU", "mlp"),  # SiLU and the product of gate and up
+)
+
+
+def layer_parts(saved: list, layer: int, unit_bytes: int) -> dict[str, float]:
+    """Bytes autograd saved, per part of decoder layer `layer` (and their sum, "layer") and
+    outside every layer, divided by `unit_bytes` (one d-wide vector per token: numbers per token
+    in units of d)."""
+    prefix = f"layers.{layer}."
+    parts = dict.fromkeys([name for name, _ in PARTS] + ["other", "outside"], 0.0)
+    for t in saved:
+        if ".layers." not in f".{t.module}":
+            parts["outside"] += t.nbytes / unit_bytes
+        elif prefix in t.module:
+            suffix = t.module.split(prefix, 1)[1]
+            part = next((name for name, key in PARTS if key in suffix), "other")
+            parts[part] += t.nbytes / unit_bytes
+    parts["layer"] = sum(v for name, v in parts.items() if name != "outside")
+    return {name: round(v, 2) for name, v in parts.items()}
 
 
 def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> None:
@@ -46,19 +93,13 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
     import torch
 
     from leantrain.config import load_settings
-    from leantrain.memory import measure_step
+    from leantrain.memory import measure_step, saved_tensors
     from leantrain.memory.sft import SFTRun, TuneConfig
     from leantrain.models.finetune import backward_token_mean
 
     torch.set_num_threads(1)
-    base, checkpointing = method.removesuffix("+ckpt"), method.endswith("+ckpt")
     with tempfile.TemporaryDirectory() as tmp:
-        overrides = {
-            "method": base,
-            "gradient_checkpointing": checkpointing,
-            "model.name": model,
-            "device": "cpu",
-        }
+        overrides = {**METHODS[method], "model.name": model, "device": "cpu"}
         cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "mem", eval_size=1, **overrides)
         run = SFTRun(cfg, progress=False)
         vocab = run.model.get_input_embeddings().num_embeddings
@@ -72,11 +113,18 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
                 run.optimizer.step()
                 run.optimizer.zero_grad(set_to_none=True)
 
-            step()  # unmeasured: optimizer state, first-touch of buffers
+            if n == lens[0]:  # also the first-touch step: optimizer state, buffers
+                config = run.model.config
+                unit = n * config.hidden_size * next(run.model.parameters()).element_size()
+                saved = saved_tensors(run.model, step)
+                parts = layer_parts(saved, config.num_hidden_layers // 2, unit)
+                print(json.dumps({"parts": parts, "parts_seq_len": n}), flush=True)
+            else:
+                step()  # unmeasured: first touch of this length's buffers
             mem = measure_step(run.model, step)
             print(json.dumps({"seq_len": n, **mem.__dict__}), flush=True)
         if with_accuracy:
-            if base.startswith("lora"):
+            if cfg.method.startswith("lora"):
                 overrides["lr"] = ADAPTER_LR
             cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "acc", **overrides)
             summary = SFTRun(cfg, progress=False).run()
@@ -93,7 +141,8 @@ def measure(method: str, model: str, lens: list[int], with_accuracy: bool) -> di
         raise RuntimeError(f"{method} worker failed:\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     accuracy = next((r["accuracy"] for r in rows if "accuracy" in r), None)
-    return {"steps": [r for r in rows if "seq_len" in r], "accuracy": accuracy}
+    parts = next(r for r in rows if "parts" in r)
+    return {"steps": [r for r in rows if "seq_len" in r], "accuracy": accuracy, **parts}
 
 
 def slope(lens: list[int], values: list[float]) -> float:
@@ -123,6 +172,27 @@ def plot(results: dict, lens: list[int], out: Path) -> None:
     plt.close(fig)
 
 
+def parts_table(results: dict, model: str) -> Table:
+    """Numbers saved per token for backward by each part of a middle decoder layer, in d."""
+    first = next(iter(results.values()))
+    table = Table(
+        title=f"saved for backward per token, middle layer, in d ({model}, "
+        f"{first['parts_seq_len']} tokens; checkpointing: layer inputs, not seen)"
+    )
+    table.add_column("method", min_width=10)
+    # "other" (a layer's tensor saved by no known part) is shown only when something landed there
+    shown = [
+        part
+        for part in [*(name for name, _ in PARTS), "other", "layer", "outside"]
+        if part != "other" or any(r["parts"]["other"] for r in results.values())
+    ]
+    for part in shown:
+        table.add_column(part, justify="right")
+    for method, r in results.items():
+        table.add_row(method, *(f"{r['parts'][part]:.2f}" for part in shown))
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer lengths, no accuracy runs")
@@ -139,7 +209,6 @@ def main() -> None:
 
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
     from leantrain.models import resolve_model_path
 
@@ -171,9 +240,12 @@ def main() -> None:
             f"{slopes[method] / 1024:.1f}",
             "-" if acc is None else f"{acc:.1%}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(parts_table(results, args.model))
 
     ratio = peaks["lars"][-1] / lora_last
+    saved_lora_last = results["lora"]["steps"][-1]["saved_activation_bytes"]
     out = {
         "lars_vs_lora_mem_ratio_longest": round(ratio, 4),
         "seq_lens": lens,
@@ -182,9 +254,11 @@ def main() -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "model": args.model,
             "quick": args.quick,
-            "lora_plus_lars_vs_lora_mem_ratio_longest": round(
-                peaks["lora+lars"][-1] / lora_last, 4
-            ),
+            "mem_ratio_longest_vs_lora": {m: round(p[-1] / lora_last, 4) for m, p in peaks.items()},
+            "saved_bytes_ratio_longest_vs_lora": {
+                m: round(r["steps"][-1]["saved_activation_bytes"] / saved_lora_last, 4)
+                for m, r in results.items()
+            },
             "slope_bytes_per_token": {m: round(s) for m, s in slopes.items()},
             "lars_vs_lora_slope_ratio": round(slopes["lars"] / slopes["lora"], 4),
             "accuracy_config": str(CONFIG.relative_to(CONFIG.parents[1]))

@@ -7,7 +7,11 @@ evaluation set, and a load test of the HTTP server.
    for context (picked knowing the answer), and the verified policy at delta 0.01, 0.02, 0.05
    (mean over seeds of its exploration draws), cold (vCache: learns from live traffic only) and
    calibrated (warm-started with the verdicts of a stream from the evalset's calibration split:
-   other questions, no group shared with the evaluation stream). The backend is an oracle
+   other questions, no group shared with the evaluation stream), and the budgeted policy (the
+   same evidence, delta spent on the aggregate error rate) at the same deltas, cold and
+   calibrated. A fine sweep of thresholds 0.950-0.999 (step 0.001) gives the best threshold in
+   hindsight: the highest hit rate any threshold gets at error <= 0.02 on this very stream,
+   the bar a policy that is not told the stream's answers has to beat. The backend is an oracle
    returning each request's true answer; a hit is an error when the cached answer is not the
    request's. Rates are per request. All policies share the same all-MiniLM-L6-v2 embeddings
    (computed once) and the same cache code. Also: the oracle ceiling (serve exactly the requests
@@ -48,7 +52,13 @@ from rich.table import Table
 from leantrain.serving.cache import SemanticCache, calibration_verdicts
 from leantrain.serving.embedding import MiniLMEmbedder
 from leantrain.serving.evalset import calibration_groups, labelled_groups, request_stream
-from leantrain.serving.policy import HitPolicy, ThresholdPolicy, Verdicts, VerifiedPolicy
+from leantrain.serving.policy import (
+    BudgetedPolicy,
+    HitPolicy,
+    ThresholdPolicy,
+    Verdicts,
+    VerifiedPolicy,
+)
 from leantrain.serving.store import CacheStore
 from leantrain.telemetry.report import write_benchmark_json
 
@@ -56,6 +66,7 @@ RESULTS = Path(__file__).parent / "results" / "semantic_cache.json"
 VALIDATION_RESULTS = RESULTS.with_name("semantic_cache_validation.json")
 THRESHOLDS = [round(0.80 + 0.01 * i, 2) for i in range(20)]  # 0.80 ... 0.99
 CONTEXT_THRESHOLDS = [0.995, 0.999]  # outside the issue's grid, reported for context
+HINDSIGHT_THRESHOLDS = [round(0.95 + 0.001 * i, 3) for i in range(50)]  # 0.950 ... 0.999
 DELTAS = [0.01, 0.02, 0.05]
 DELTA_COLORS = {0.01: "tab:blue", 0.02: "tab:orange", 0.05: "tab:green"}
 CURVE_BLOCKS = 15  # learning curves: rates per 1/15 of the stream
@@ -119,28 +130,36 @@ def mean_over_seeds(runs: list[dict]) -> dict:
 def frontier(
     args: argparse.Namespace, stream: list, embedder: TableEmbedder, prior: Verdicts
 ) -> dict:
-    """Every threshold once; the verified policy cold and calibrated at every delta, and, as an
-    ablation at delta 0.02, learning from each entry's own verdicts only (vCache's per-entry
-    estimate; share_weight 0, cold)."""
+    """Every threshold once (and the fine hindsight sweep); the verified and the budgeted policy
+    cold and calibrated at every delta (a fresh budgeted policy per run: it keeps state); and,
+    as an ablation at delta 0.02, learning from each entry's own verdicts only (vCache's
+    per-entry estimate; share_weight 0, cold)."""
     thresholds = {}
     for t in track(THRESHOLDS + CONTEXT_THRESHOLDS, description="thresholds", transient=True):
         thresholds[t] = replay(ThresholdPolicy(t), stream, embedder, seed=0)
-    verified, calibrated = {}, {}
-    for delta in track(DELTAS, description="verified", transient=True):
-        for runs, policy in (
-            (verified, VerifiedPolicy(delta, window=args.window)),
-            (calibrated, VerifiedPolicy(delta, window=args.window, prior=prior)),
-        ):
-            seeds = [replay(policy, stream, embedder, s) for s in range(args.seeds)]
-            runs[delta] = mean_over_seeds(seeds)
+    hindsight = {}
+    for t in track(HINDSIGHT_THRESHOLDS, description="hindsight sweep", transient=True):
+        run = thresholds.get(t) or replay(ThresholdPolicy(t), stream, embedder, seed=0)
+        hindsight[t] = {k: run[k] for k in ("hit_rate", "error_rate")}
+    policies = {
+        "verified": lambda delta: VerifiedPolicy(delta, window=args.window),
+        "calibrated": lambda delta: VerifiedPolicy(delta, window=args.window, prior=prior),
+        "budgeted_cold": lambda delta: BudgetedPolicy(delta, window=args.window),
+        "budgeted": lambda delta: BudgetedPolicy(delta, window=args.window, prior=prior),
+    }
+    runs: dict[str, dict] = {label: {} for label in policies}
+    for delta in track(DELTAS, description="verified, budgeted", transient=True):
+        for label, make in policies.items():
+            seeds = [replay(make(delta), stream, embedder, s) for s in range(args.seeds)]
+            runs[label][delta] = mean_over_seeds(seeds)
     per_entry = VerifiedPolicy(0.02, share_weight=0.0, window=args.window)
     per_entry_only = mean_over_seeds(
         [replay(per_entry, stream, embedder, s) for s in range(args.seeds)]
     )
     return {
         "thresholds": thresholds,
-        "verified": verified,
-        "calibrated": calibrated,
+        "hindsight": hindsight,
+        **runs,
         "per_entry_only": per_entry_only,
     }
 
@@ -153,6 +172,12 @@ def best_threshold_hit_rate(thresholds: dict, max_error: float) -> float | None:
         if t in THRESHOLDS and r["error_rate"] <= max_error
     ]
     return max(ok) if ok else None
+
+
+def best_hindsight_threshold(hindsight: dict, max_error: float) -> tuple[float, float] | None:
+    """(threshold, hit rate) of the fine sweep's best threshold with error <= `max_error`."""
+    ok = [(r["hit_rate"], t) for t, r in hindsight.items() if r["error_rate"] <= max_error]
+    return (max(ok)[1], max(ok)[0]) if ok else None
 
 
 def free_port() -> int:
@@ -262,12 +287,21 @@ def print_table(result: dict, oracle_hit_rate: float, requests: int) -> None:
         (f"threshold {t}{'' if t in THRESHOLDS else ' (context)'}", r)
         for t, r in result["thresholds"].items()
     ]
-    for label in ("verified", "calibrated"):
-        name = "cold" if label == "verified" else label
-        rows += [(f"verified delta={d} {name}", r) for d, r in result[label].items()]
+    for label, name in (
+        ("verified", "verified {} cold"),
+        ("calibrated", "verified {} calibrated"),
+        ("budgeted_cold", "budgeted {} cold"),
+        ("budgeted", "budgeted {} calibrated"),
+    ):
+        rows += [(name.format(f"delta={d}"), r) for d, r in result[label].items()]
     rows.append(("verified delta=0.02 cold, own verdicts only", result["per_entry_only"]))
     for name, r in rows:
         table.add_row(name, f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")
+    best = best_hindsight_threshold(result["hindsight"], 0.02)
+    if best is not None:
+        r = result["hindsight"][best[0]]
+        table.add_row(f"best threshold in hindsight, error <= 0.02 ({best[0]})",
+                      f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")  # fmt: skip
     table.add_row("oracle ceiling (context)", f"{oracle_hit_rate:.3f}", "0")
     Console().print(table)
 
@@ -326,6 +360,8 @@ def main() -> None:
         result["verified"],
         result["calibrated"],
     )
+    budgeted, budgeted_cold = result["budgeted"], result["budgeted_cold"]
+    hindsight = best_hindsight_threshold(result["hindsight"], 0.02)
     print_table(result, oracle_hit_rate, args.requests)
     main_run = calibrated[0.02]
     best_same = best_threshold_hit_rate(thresholds, main_run["error_rate"])
@@ -341,6 +377,12 @@ def main() -> None:
         f"{best_context}"
     )
     print(
+        f"delta=0.02 budgeted calibrated: hit {budgeted[0.02]['hit_rate']:.3f} at error "
+        f"{budgeted[0.02]['error_rate']:.4f} (worst seed {budgeted[0.02]['max_error_rate']:.4f}; "
+        f"cold: {budgeted_cold[0.02]['hit_rate']:.3f} at {budgeted_cold[0.02]['error_rate']:.4f}"
+        f"); best threshold in hindsight (0.950-0.999) at error <= 0.02: {hindsight}"
+    )
+    print(
         f"load test: {load['requests']} requests from {load['clients']} clients in "
         f"{load['seconds']:.1f} s = {load['requests_per_s']:.1f} req/s, p99 "
         f"{load['p99_latency_ms']:.0f} ms, failed {load['failed_requests']}, lost answers "
@@ -350,7 +392,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot = args.out.with_suffix(".png")
     curve_plot = args.out.with_name(args.out.stem + "_curve.png")
-    plot_frontier(thresholds, verified, calibrated, plot)
+    policies = {"cold": verified, "calibrated": calibrated,
+                "budgeted cold": budgeted_cold, "budgeted calibrated": budgeted}  # fmt: skip
+    plot_frontier(thresholds, policies, plot)
     plot_curves(thresholds, verified[0.02], calibrated[0.02], curve_plot)
     report = {
         "verified_hit_rate": main_run["hit_rate"],
@@ -360,6 +404,15 @@ def main() -> None:
         "best_any_threshold_hit_rate_at_error_002": best_context,
         "verified_cold_hit_rate": verified[0.02]["hit_rate"],
         "verified_cold_error_rate": verified[0.02]["error_rate"],
+        "budgeted_hit_rate": budgeted[0.02]["hit_rate"],
+        "budgeted_error_rate": budgeted[0.02]["error_rate"],
+        "budgeted_max_error_rate": budgeted[0.02]["max_error_rate"],
+        "budgeted_cold_hit_rate": budgeted_cold[0.02]["hit_rate"],
+        "budgeted_cold_error_rate": budgeted_cold[0.02]["error_rate"],
+        "best_hindsight_threshold": None if hindsight is None else hindsight[0],
+        "best_hindsight_threshold_hit_rate_at_error_002": None
+        if hindsight is None
+        else hindsight[1],
         "oracle_hit_rate": oracle_hit_rate,
         "note": "verified_*: the verified policy at delta 0.02, warm-started with the verdicts of "
         "a calibration stream from other groups of the evalset (calibration split); "
@@ -368,11 +421,17 @@ def main() -> None:
         "under the verified policy's (resp. 0.02); null when no threshold is. "
         "best_any_threshold_*: the same over the grid and the context thresholds 0.995, 0.999, "
         "chosen in hindsight. oracle_hit_rate: serving exactly the requests whose nearest entry is "
-        "right. verified_per_entry_only: delta 0.02, cold, each entry's own verdicts only.",
+        "right. verified_per_entry_only: delta 0.02, cold, each entry's own verdicts only. "
+        "budgeted_*: BudgetedPolicy at delta 0.02 (delta spent on the aggregate error rate), "
+        "calibrated (resp. cold). best_hindsight_*: the best threshold of a 0.001-step sweep of "
+        "0.950-0.999 with error <= 0.02 on this stream, chosen knowing the answers.",
         "thresholds": {str(t): r for t, r in thresholds.items()},
         "verified": {str(d): r for d, r in verified.items()},
         "verified_calibrated": {str(d): r for d, r in calibrated.items()},
         "verified_per_entry_only": result["per_entry_only"],
+        "budgeted_calibrated": {str(d): r for d, r in budgeted.items()},
+        "budgeted_cold": {str(d): r for d, r in budgeted_cold.items()},
+        "hindsight_thresholds": {str(t): r for t, r in result["hindsight"].items()},
         "load_test": load,
         "config": {
             "requests": args.requests,
@@ -402,8 +461,9 @@ def _pyplot() -> ModuleType:
     return plt
 
 
-def plot_frontier(thresholds: dict, verified: dict, calibrated: dict, path: Path) -> None:
-    """Hit rate against error rate: the thresholds as a labelled line, verified as points."""
+def plot_frontier(thresholds: dict, policies: dict[str, dict], path: Path) -> None:
+    """Hit rate against error rate: the thresholds as a labelled line, each policy (by label:
+    its runs per delta) as points."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     grid = [(r["error_rate"], r["hit_rate"]) for t, r in thresholds.items()]
@@ -412,13 +472,13 @@ def plot_frontier(thresholds: dict, verified: dict, calibrated: dict, path: Path
         if t in (0.8, 0.9, 0.95, 0.99, *CONTEXT_THRESHOLDS):
             ax.annotate(str(t), (r["error_rate"], r["hit_rate"]), fontsize=7,
                         xytext=(4, -8), textcoords="offset points")  # fmt: skip
-    for (label, marker), runs in zip(
-        (("cold", "*"), ("calibrated", "P")), (verified, calibrated), strict=True
-    ):
+    markers = {"cold": "*", "calibrated": "P", "budgeted cold": "x", "budgeted calibrated": "X"}
+    for label, runs in policies.items():
+        name = label if label.startswith("budgeted") else f"verified {label}"
         for delta, r in runs.items():
-            ax.plot(r["error_rate"], r["hit_rate"], marker, color=DELTA_COLORS[delta],
-                    markersize=11, label=f"verified δ={delta} {label}")  # fmt: skip
-    for delta in verified:
+            ax.plot(r["error_rate"], r["hit_rate"], markers[label], color=DELTA_COLORS[delta],
+                    markersize=11, label=f"{name} δ={delta}")  # fmt: skip
+    for delta in DELTAS:
         ax.axvline(delta, color="tab:red", alpha=0.15, linestyle="--")
     ax.set_xlabel("error rate (wrong cached answers / requests)")
     ax.set_ylabel("hit rate")

@@ -7,9 +7,12 @@ LoRA factors over the frozen base (MeZO's LoRA mode, the paper's setting) and al
   `torch.normal` and an out-of-place rebinding per tensor, two padded forwards with the model's own
   loss over full logits, `.item()`, a second reseed and per-tensor update.
 - Ours (`leantrain.zo.engine.ZOEngine`): inference mode, fused in-place moves with z regenerated
-  from the same seeds, restore fused with the update, length-sorted scoring micro-batches with
-  logits only where labels are; with LoRA every perturbed state of a step scored in one forward
-  (stacked adapters).
+  from the same seeds (drawn once per step where the buffer holds it), and scoring as an
+  inference engine does it: the batch packed into the tree of its distinct prefixes (a prefix
+  rows share is computed once, no padding; `leantrain.zo.packed`), the last layer and lm_head
+  only where a token is scored; with LoRA every perturbed state of a step scored in one forward
+  (stacked adapters). How much packing saves depends on the data: the JSON's `packing` gives the
+  tokens a forward runs on each side.
 
 Steps of the two sides alternate (baseline step i, our step i, ...), so a busy machine slows both
 alike; steps per second is 1 / the median step time (wall clock; the process's CPU time is
@@ -49,7 +52,8 @@ from leantrain.telemetry.report import write_benchmark_json
 from leantrain.zo.data import Pair, example_pairs, label_accuracy, pad_pairs, sample_batch
 from leantrain.zo.engine import ZOEngine
 from leantrain.zo.estimators import SPSA
-from leantrain.zo.lora import add_lora
+from leantrain.zo.lora import add_lora, lora_factors
+from leantrain.zo.packed import LeanLlama, PrefixTree
 from leantrain.zo.reference import MeZOReference
 
 RESULTS = Path(__file__).parent / "results" / "zo_engine.json"
@@ -59,6 +63,10 @@ SMOLLM2 = {"eps": 1e-2, "lr": 1e-4}  # MeZO's LoRA eps; lr above its 5e-5 for a 
 # Losses of the two sides may differ only by float summation order (the loss is summed in
 # another order over micro-batches); ZO signals |L+ - L-| / L are far above this.
 SAME_LOSS_RTOL = 1e-4
+
+
+def _length(pair: Pair) -> int:
+    return len(pair.prompt) + len(pair.completion)
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
@@ -131,6 +139,55 @@ def race(
     return sides
 
 
+def padded_inputs(batch: list[Pair], pad: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch as the reference's forward takes it: padded ids, attention mask, labels."""
+    ids, labels = pad_pairs(batch, pad)
+    lengths = torch.tensor([_length(p) for p in batch])
+    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": mask.to(device),
+        "labels": labels.to(device),
+    }
+
+
+def prefix_sharing(
+    base: PreTrainedModel, pad: int, batches: list[list[Pair]], seed: int
+) -> dict[str, float]:
+    """Scoring alone, LoRA target (CPU time, median over batches): the reference's two padded
+    forwards against our one packed forward of both states, over the batch's own prefix tree and
+    over the same rows each put behind its own first token, so that no prefix is shared: how much
+    of the speedup comes from what this data's rows share."""
+    model = build(base, "lora", seed)
+    lean = LeanLlama(model)
+    stacks = {f: torch.stack([f.weight, f.weight]) for f in lora_factors(model)}
+    reference = MeZOReference(model, 1.0, 0.0, seed, pad)
+    device = next(base.parameters()).device
+    vocab = model.get_input_embeddings().num_embeddings
+    times: dict[str, list[float]] = {"reference": [], "tree": [], "no_sharing": []}
+    nodes: dict[str, list[int]] = {"tree": [], "no_sharing": []}
+    with torch.inference_mode():
+        for batch in batches:
+            alone = [Pair([(3 + r) % vocab, *p.prompt], p.completion) for r, p in enumerate(batch)]
+            inputs = padded_inputs(batch, pad, device)
+            start = time.process_time()
+            reference.forward(inputs)  # the + state
+            reference.forward(inputs)  # the - state
+            times["reference"].append(time.process_time() - start)
+            for kind, rows in (("tree", batch), ("no_sharing", alone)):
+                tree = PrefixTree.build(rows, device)
+                start = time.process_time()
+                lean.logprobs(tree, stacks)
+                times[kind].append(time.process_time() - start)
+                nodes[kind].append(tree.nodes)
+    ref = statistics.median(times["reference"])
+    return {
+        "scoring_speedup_cpu_time": ref / statistics.median(times["tree"]),
+        "scoring_speedup_no_shared_prefix_cpu_time": ref / statistics.median(times["no_sharing"]),
+        "no_shared_prefix_nodes": statistics.median(nodes["no_sharing"]),
+    }
+
+
 def memory(
     base: PreTrainedModel, pad: int, batch: list[Pair], target: str, seed: int
 ) -> dict[str, int]:
@@ -138,15 +195,14 @@ def memory(
     each from a fresh copy of the model built inside the measured region (so the parameters, the
     ones the baseline re-allocates and our z buffer all count)."""
     device = next(base.parameters()).device
-    ids, _ = pad_pairs(batch, pad)
-    lengths = torch.tensor([len(p.prompt) + len(p.completion) for p in batch])
-    mask = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
+    inputs = padded_inputs(batch, pad, device)
+    del inputs["labels"]  # a plain forward
 
     def run(kind: str) -> None:
         model = build(base, target, seed)
         if kind == "inference":
             with torch.inference_mode():
-                model(input_ids=ids.to(device), attention_mask=mask.to(device))
+                model(**inputs)
         else:
             make_stepper(kind, model, target, pad, seed).step(batch)
 
@@ -280,6 +336,19 @@ def main() -> None:
         row = results[target]
         row["speedup"] = row["ours_steps_per_s"] / row["reference_steps_per_s"]
         row["peak_mem_ratio_vs_inference"] = row["ours_peak_bytes"] / row["inference_peak_bytes"]
+    batches = [
+        sample_batch(train, args.batch_size, args.seed * 100_003 + i) for i in range(args.steps)
+    ]
+    # Tokens one forward over a batch runs per scored state (medians over steps), and what the
+    # packed scoring gains with and without the prefixes these rows share.
+    packing = {
+        "reference_padded_tokens": statistics.median(
+            len(b) * max(map(_length, b)) for b in batches
+        ),
+        "row_tokens": statistics.median(sum(map(_length, b)) for b in batches),
+        "ours_tree_nodes": statistics.median(PrefixTree.build(b).nodes for b in batches),
+        **prefix_sharing(base, pad, batches[:10], args.seed),
+    }
     first_order = adamw(
         base, tokenizer, train, heldout, task.labels, args.adamw_steps, args.batch_size, args.seed
     )
@@ -322,6 +391,14 @@ def main() -> None:
     console = Console(width=160)
     console.print(table)
     console.print(
+        "Tokens per forward and state (median): "
+        f"reference {packing['reference_padded_tokens']:.0f} padded, "
+        f"{packing['row_tokens']:.0f} in the rows, ours {packing['ours_tree_nodes']:.0f} "
+        f"prefix-tree nodes; scoring alone {packing['scoring_speedup_cpu_time']:.2f}x (CPU time), "
+        f"{packing['scoring_speedup_no_shared_prefix_cpu_time']:.2f}x with no prefix shared "
+        f"({packing['no_shared_prefix_nodes']:.0f} nodes)"
+    )
+    console.print(
         f"AdamW (first order, all parameters): {first_order['peak_bytes'] * mib:.1f} MiB peak, "
         f"accuracy {first_order['accuracy']:.1%} after {first_order['steps']} steps"
     )
@@ -336,6 +413,7 @@ def main() -> None:
         "peak_mem_ratio_vs_inference": results["lora"]["peak_mem_ratio_vs_inference"],
         "same_losses": all(r["same_losses"] for r in results.values()),
         "targets": results,
+        "packing": packing,
         "adamw": first_order,
         "smollm2_135m": smol,
         "config": {

@@ -9,7 +9,6 @@ import pytest
 import torch
 from peft import LoraConfig, inject_adapter_in_model
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from leantrain.errors import LeantrainError
 from leantrain.memory import LarsLinear, apply_lars, measure_step, principal_basis
@@ -59,21 +58,7 @@ def test_principal_basis_is_orthonormal_and_captures_the_top_directions() -> Non
         assert captured >= best * 0.999, (rank, captured, best)
 
 
-def _tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-    )
-    return LlamaForCausalLM(config)
-
-
-def _model_grads(rank: int | None) -> dict[str, torch.Tensor]:
-    model = _tiny_llama()
+def _model_grads(model: nn.Module, rank: int | None) -> dict[str, torch.Tensor]:
     if rank is not None:
         apply_lars(model, rank, PROJECTIONS)
     ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
@@ -81,19 +66,19 @@ def _model_grads(rank: int | None) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if n.endswith("proj.weight")}
 
 
-def test_whole_model_gradients_approach_exact_ones() -> None:
-    exact = _model_grads(None)
+def test_whole_model_gradients_approach_exact_ones(tiny_decoder) -> None:
+    exact = _model_grads(tiny_decoder(), None)
     errors = {}
     for rank in (2, 8, 64):  # 64 >= every projection's input width (32 and 64): full rank
-        grads = _model_grads(rank)
+        grads = _model_grads(tiny_decoder(), rank)
         num = sum(float((grads[n] - exact[n]).norm() ** 2) for n in exact)
         errors[rank] = (num / sum(float(g.norm() ** 2) for g in exact.values())) ** 0.5
     assert errors[2] > errors[8] > errors[64], errors
     assert errors[64] < 1e-6, errors
 
 
-def test_apply_lars_is_drop_in() -> None:
-    model = _tiny_llama()
+def test_apply_lars_is_drop_in(tiny_decoder) -> None:
+    model = tiny_decoder()
     before = {n: p for n, p in model.named_parameters()}
     replaced = apply_lars(model, 4, ["q_proj", "down_proj"])
     assert replaced == [
@@ -103,11 +88,11 @@ def test_apply_lars_is_drop_in() -> None:
     assert after.keys() == before.keys()  # same state-dict names
     assert all(after[n] is before[n] for n in before)  # same tensors: optimizers see them
     with pytest.raises(LeantrainError, match="no trainable linear layer"):
-        apply_lars(_tiny_llama(), 4, ["nonexistent_proj"])
+        apply_lars(tiny_decoder(), 4, ["nonexistent_proj"])
 
 
-def test_lora_plus_lars_wraps_only_the_adapter_inputs() -> None:
-    model = _tiny_llama()
+def test_lora_plus_lars_wraps_only_the_adapter_inputs(tiny_decoder) -> None:
+    model = tiny_decoder()
     model.requires_grad_(False)
     inject_adapter_in_model(LoraConfig(r=4, target_modules=list(PROJECTIONS)), model)
     replaced = apply_lars(model, 4, PROJECTIONS)
@@ -115,8 +100,7 @@ def test_lora_plus_lars_wraps_only_the_adapter_inputs() -> None:
     assert len(replaced) == 2 * len(PROJECTIONS)
 
 
-def _saved_bytes(method: str, length: int) -> int:
-    model = _tiny_llama()
+def _saved_bytes(model: nn.Module, method: str, length: int) -> int:
     model.requires_grad_(False)
     if method == "lora":
         inject_adapter_in_model(LoraConfig(r=4, target_modules=list(PROJECTIONS)), model)
@@ -130,9 +114,9 @@ def _saved_bytes(method: str, length: int) -> int:
     ).saved_activation_bytes
 
 
-def test_lars_saves_less_per_token_than_lora() -> None:
-    lora = [_saved_bytes("lora", n) for n in (64, 256)]
-    lars = [_saved_bytes("lars", n) for n in (64, 256)]
+def test_lars_saves_less_per_token_than_lora(tiny_decoder) -> None:
+    lora = [_saved_bytes(tiny_decoder(), "lora", n) for n in (64, 256)]
+    lars = [_saved_bytes(tiny_decoder(), "lars", n) for n in (64, 256)]
     assert lars[1] < lora[1]
     # bytes per extra token: the projection inputs shrink from their width to rank 4
     assert (lars[1] - lars[0]) < 0.85 * (lora[1] - lora[0]), (lars, lora)

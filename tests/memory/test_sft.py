@@ -11,6 +11,7 @@ import torch
 
 from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
+from leantrain.memory import LeanGatedMLP, LeanRMSNorm
 from leantrain.memory.sft import SFTRun, TuneConfig, load_pairs_jsonl
 from leantrain.models import encode_prompt
 
@@ -41,6 +42,19 @@ def test_each_method_trains_and_writes_the_run_folder(
         assert (out / name).exists(), name
     assert json.loads((out / "summary.json").read_text())["steps"] == 2 == summary["steps"]
     assert 0.0 <= summary["accuracy_after"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("method", "lean_kernels", "expect_lean"),
+    [("lars", None, True), ("lora+lars", None, True), ("lora", None, False), ("lora", True, True)],
+)
+def test_lean_kernels_default_on_for_lars_only(
+    tiny_path: Path, tmp_path: Path, method: str, lean_kernels: bool | None, expect_lean: bool
+) -> None:
+    run = SFTRun(_config(tmp_path, method=method, lean_kernels=lean_kernels), progress=False)
+    kinds = {type(m) for m in run.model.modules()}
+    assert (LeanGatedMLP in kinds and LeanRMSNorm in kinds) == expect_lean
+    assert (kinds & {LeanGatedMLP, LeanRMSNorm} == set()) == (not expect_lean)
 
 
 def test_jsonl_data_trains_and_scores_exact_match(tiny_path: Path, tmp_path: Path) -> None:

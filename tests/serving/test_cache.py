@@ -10,7 +10,7 @@ import pytest
 from leantrain.errors import LeantrainError
 from leantrain.serving.cache import SemanticCache, calibration_verdicts
 from leantrain.serving.embedding import HashingEmbedder
-from leantrain.serving.policy import ThresholdPolicy, VerifiedPolicy
+from leantrain.serving.policy import BudgetedPolicy, HitPolicy, ThresholdPolicy, VerifiedPolicy
 
 ANSWERS = {
     "is a whale bigger than a shark": "yes",
@@ -41,8 +41,11 @@ def test_a_repeat_is_a_hit_and_a_reversal_fools_a_low_threshold() -> None:
     assert 0.5 < reversed_.similarity < 0.99
 
 
-def test_verified_explores_learns_and_never_serves_the_reversal_wrongly() -> None:
-    cache = SemanticCache(":memory:", HashingEmbedder(), VerifiedPolicy(0.05), seed=0)
+@pytest.mark.parametrize(
+    "policy", [VerifiedPolicy(0.05), BudgetedPolicy(0.05)], ids=["verified", "budgeted"]
+)
+def test_learning_policies_serve_repeats_and_never_the_reversal_wrongly(policy: HitPolicy) -> None:
+    cache = SemanticCache(":memory:", HashingEmbedder(), policy, seed=0)
     backend = Oracle()
     served_wrong = hits = 0
     for i in range(600):

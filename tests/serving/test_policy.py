@@ -1,5 +1,6 @@
-"""Hit policies: the threshold rule, and the verified policy's exploration probability (vCache's
-rule on a Beta-binomial bound) derived by hand and checked against its error guarantee."""
+"""Hit policies: the threshold rule, the verified policy's exploration probability (vCache's
+rule on a Beta-binomial bound) and the budgeted policy's water-filling and slack, derived by hand
+and checked against their error guarantees."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from leantrain.errors import LeantrainError
 from leantrain.serving.policy import (
+    BudgetedPolicy,
     Evidence,
     ExplorePolicy,
     ThresholdPolicy,
@@ -111,12 +113,74 @@ def test_a_prior_counts_like_shared_evidence_inside_the_window_only() -> None:
     assert ExplorePolicy().decide(1.0, Evidence(10, 10), rng).hit is False
 
 
+def _evidence(right: int, seen: int) -> Evidence:
+    """Evidence whose posterior mean of P(wrong) is (1 + seen - right) / (2 + seen)."""
+    return Evidence(shared_right=right, shared_seen=seen)
+
+
+def test_budgeted_serves_nothing_until_the_slack_is_covered() -> None:
+    """Risk ~1e-6: the first hit is the first k with delta k - z sqrt(delta k) >= 0, i.e.
+    k >= z**2 / delta = 135.3 at z = 1.645, delta = 0.02."""
+    policy, rng = BudgetedPolicy(0.02), random.Random(0)
+    hits = [policy.decide(1.0, _evidence(10**6, 10**6), rng).hit for _ in range(140)]
+    assert hits.index(True) + 1 == 136 and all(hits[135:])
+    assert policy.requests == 140 and policy.spent == pytest.approx(5 / (10**6 + 2))
+
+
+def test_budgeted_water_filling_gives_the_marginal_bin_what_is_left() -> None:
+    """z = 0, so the level is delta. Risks 5/2000 = 0.0025 and 101/2000 = 0.0505, per request
+    so far (2): the low one costs 0.0025 / 2, the high one 0.0505 / 2, so the high one is served
+    with probability (0.02 - 0.00125) / 0.02525; the low one, alone in the budget, always."""
+    policy, rng = BudgetedPolicy(0.02, z=0.0), random.Random(0)
+    low = policy.decide(0.99, _evidence(1994, 1998), rng)
+    high = policy.decide(0.99, _evidence(1898, 1998), rng)
+    assert low.hit and low.explore_probability == 0.0
+    assert low.predicted_correct == pytest.approx(1 - 0.0025)
+    assert high.explore_probability == pytest.approx(1 - 0.01875 / 0.02525)
+    assert not high.hit  # 0.0025 + 0.0505 spent would exceed the budget of 2 x 0.02
+
+
+def test_budgeted_spends_the_budget_on_the_safe_requests_first_and_stays_under_delta() -> None:
+    """Half the requests are safe (wrong 0.5% of the time), half risky (10%), and the evidence
+    says so. The budgeted policy serves every safe one (after the slack) and risky ones only with
+    what is left; the realised error rate stays under delta, and it serves more than the
+    verified policy, which must keep each request's own error probability under delta."""
+    delta, requests = 0.02, 4000
+    kinds = {"safe": (0.005, _evidence(1990, 2000)), "risky": (0.1, _evidence(900, 1000))}
+    served = {}
+    for policy in (BudgetedPolicy(delta), VerifiedPolicy(delta)):
+        rng, draws = random.Random(0), random.Random(1)
+        hits = {"safe": 0, "risky": 0}
+        wrong = 0
+        for i in range(requests):
+            kind = "safe" if i % 2 else "risky"
+            p_wrong, evidence = kinds[kind]
+            if policy.decide(0.99, evidence, rng).hit:
+                hits[kind] += 1
+                wrong += draws.random() < p_wrong
+        assert wrong / requests <= delta
+        served[policy.name] = hits
+    budgeted, verified = served["budgeted"], served["verified"]
+    assert budgeted["safe"] >= requests / 2 - 136  # all but the slack's first requests
+    assert 0 < budgeted["risky"] < requests / 4
+    assert sum(budgeted.values()) > sum(verified.values())
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(LeantrainError, match="delta"):
         VerifiedPolicy(0.0)
     with pytest.raises(LeantrainError, match="prior_weight"):
         VerifiedPolicy(0.02, prior_weight=2.0)
+    with pytest.raises(LeantrainError, match="z must be"):
+        BudgetedPolicy(0.02, z=-1.0)
     with pytest.raises(LeantrainError, match="threshold"):
         ThresholdPolicy(1.5)
     with pytest.raises(LeantrainError, match="policy must be one of"):
         make_policy("always")
+
+
+def test_make_policy_builds_each_named_policy_with_its_delta():
+    for name, cls in (("verified", VerifiedPolicy), ("budgeted", BudgetedPolicy)):
+        policy = make_policy(name, delta=0.05)
+        assert isinstance(policy, cls) and policy.delta == 0.05
+    assert make_policy("threshold", threshold=0.97).threshold == 0.97

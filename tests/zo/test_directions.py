@@ -39,19 +39,22 @@ def assert_bit_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
         assert torch.equal(x, y), float((x - y).abs().max())
 
 
+@pytest.mark.parametrize("hold_numel", [0, 1 << 20])  # z redrawn for every move, or held
 @pytest.mark.parametrize("chunk_numel", [1, 40, 1 << 20])  # a chunk per tensor, some, all
-def test_moves_match_the_reference_bit_for_bit(chunk_numel: int) -> None:
+def test_moves_match_the_reference_bit_for_bit(chunk_numel: int, hold_numel: int) -> None:
     mine, ref = weights(), weights()
-    directions = Directions(mine, chunk_numel=chunk_numel)
+    directions = Directions(mine, chunk_numel=chunk_numel, hold_numel=hold_numel)
+    assert directions.holds == (hold_numel > 0)
     for seed, scale in [(11, 1.0), (11, -2.0), (11, 1.0), (99, 1.0), (99, -2.0)]:
         directions.move_(seed, scale, EPS)
         ref = reference_move(ref, seed, scale)
         assert_bit_equal(mine, ref)
 
 
-def test_restore_fused_with_update_matches_the_reference() -> None:
+@pytest.mark.parametrize("hold_numel", [0, 1 << 20])
+def test_restore_fused_with_update_matches_the_reference(hold_numel: int) -> None:
     mine, ref = weights(), weights()
-    directions = Directions(mine, chunk_numel=50)
+    directions = Directions(mine, chunk_numel=50, hold_numel=hold_numel)
     directions.move_(5, 1.0, EPS)
     directions.move_(5, -2.0, EPS)
     directions.move_and_update_(5, 1.0, EPS, g=0.37, lr=0.1)
@@ -84,6 +87,18 @@ def test_masks_move_only_the_small_weights_and_keep_the_stream() -> None:
     for s, d, t, m in zip(sparse, dense, weights(), masks, strict=True):
         assert torch.equal(s[~m], t[~m])  # large weights untouched
         assert torch.equal(s[m], d[m])  # small ones moved exactly as without a mask
+
+
+def test_new_masks_drop_the_held_direction() -> None:
+    tensors = weights()
+    directions = Directions(tensors)
+    directions.move_(3, 1.0, EPS)  # holds z(3), unmasked
+    masks = small_magnitude_masks(tensors, 0.25)
+    before = [t.clone() for t in tensors]
+    directions.masks = masks
+    directions.move_(3, 1.0, EPS)  # must move along the masked z(3)
+    for t, b, m in zip(tensors, before, masks, strict=True):
+        assert torch.equal(t[~m], b[~m])
 
 
 def test_seed_stream_draws_what_mezo_draws() -> None:

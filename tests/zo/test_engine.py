@@ -53,8 +53,9 @@ def test_one_batched_forward_scores_like_sequential_forwards(tiny_and_pairs, est
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("lean", [True, False])
 @pytest.mark.parametrize("target", ["lora", "all"])
-def test_same_seeds_same_losses_as_the_reference(tiny_and_pairs, target) -> None:
+def test_same_seeds_same_losses_as_the_reference(tiny_and_pairs, target, lean) -> None:
     base, tokenizer, pairs = tiny_and_pairs
     models = [lora_copy(base) if target == "lora" else copy.deepcopy(base) for _ in range(2)]
     if target == "all":
@@ -62,7 +63,9 @@ def test_same_seeds_same_losses_as_the_reference(tiny_and_pairs, target) -> None
             m.requires_grad_(True)
     eps, lr = (1e-2, 1e-3) if target == "lora" else (1e-3, 1e-4)
     ref = MeZOReference(models[0], eps, lr, 7, tokenizer.pad_token_id)
-    ours = ZOEngine(models[1], SPSA(eps), lr, 7, tokenizer.pad_token_id, batched=target == "lora")
+    pad = tokenizer.pad_token_id
+    ours = ZOEngine(models[1], SPSA(eps), lr, 7, pad, batched=target == "lora", lean=lean)
+    assert (ours.lean is not None) == lean  # the tiny model is a Llama: packed scoring applies
     for step in range(3):
         batch = sample_batch(pairs, 8, step)
         expected, got = ref.step(batch), ours.step(batch)

@@ -22,13 +22,18 @@ class CacheServeConfig(Strict):
         Path("runs/cache/cache.sqlite"),
         description="SQLite file of the cache; it survives restarts (WAL mode).",
     )
-    policy: Literal["verified", "threshold"] = Field(
+    policy: Literal["verified", "budgeted", "threshold"] = Field(
         "verified",
-        description="verified: per-entry learned hits with error bound delta; threshold: hit at "
-        "a fixed similarity (GPTCache's rule; a reversed question can score 0.99).",
+        description="verified: per-entry learned hits, each request's error probability under "
+        "delta; budgeted: the same evidence, delta bounds the error rate over all requests (more "
+        "hits, a weaker guarantee, budget restarts with the server); threshold: hit at a fixed "
+        "similarity (GPTCache's rule; a reversed question can score 0.99).",
     )
     delta: float = Field(
-        0.02, gt=0.0, lt=1.0, description="verified: bound on the rate of wrong cached answers."
+        0.02,
+        gt=0.0,
+        lt=1.0,
+        description="verified, budgeted: bound on the rate of wrong cached answers.",
     )
     threshold: float = Field(0.9, ge=-1.0, le=1.0, description="threshold: cosine to hit at.")
     backend: str = Field(
@@ -70,8 +75,8 @@ def register(app: typer.Typer) -> None:
 def serve(
     config: ConfigOpt = None,
     db: Annotated[Path | None, typer.Option(help="SQLite file of the cache.")] = None,
-    policy: Annotated[str | None, typer.Option(help="verified or threshold.")] = None,
-    delta: Annotated[float | None, typer.Option(help="verified: error bound.")] = None,
+    policy: Annotated[str | None, typer.Option(help="verified, budgeted or threshold.")] = None,
+    delta: Annotated[float | None, typer.Option(help="verified, budgeted: error bound.")] = None,
     threshold: Annotated[float | None, typer.Option(help="threshold: cosine to hit.")] = None,
     backend: Annotated[
         str | None, typer.Option(help="Model preset/folder, or OpenAI-compatible base URL.")

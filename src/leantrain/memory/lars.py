@@ -47,21 +47,22 @@ def principal_basis(flat: torch.Tensor, rank: int, power_iters: int = 2) -> torc
     Randomized subspace iteration (Halko et al. 2011) with 2x oversampling and a fixed-seed
     sketch: O(n·d·rank) instead of the O(n·d² + d³) of an eigendecomposition of xᵀx, and
     deterministic. When the oversampled sketch would span all d dimensions, the exact
-    eigenvectors of xᵀx are used instead.
+    eigenvectors of xᵀx are used instead. The basis is returned in its own (d, rank) storage,
+    since it is saved for backward: a view would keep the whole factorization alive.
     """
     x = flat.float()
     d = x.shape[1]
     width = min(d, 2 * rank)
     if width >= d:
         _, vectors = torch.linalg.eigh(x.T @ x)  # ascending eigenvalues
-        return vectors[:, -rank:].to(flat.dtype)
+        return vectors[:, -rank:].contiguous().to(flat.dtype)
     generator = torch.Generator(device=x.device).manual_seed(0)
     sketch = torch.randn(d, width, generator=generator, device=x.device)  # (d, k)
     rows = torch.linalg.qr(x @ sketch).Q  # (n, k): range of x
     for _ in range(power_iters):  # sharpen towards the top singular directions
         rows = torch.linalg.qr(x @ torch.linalg.qr(x.T @ rows).Q).Q
     _, _, vh = torch.linalg.svd(rows.T @ x, full_matrices=False)  # (k, d)
-    return vh[:rank].T.to(flat.dtype)
+    return vh[:rank].T.contiguous().to(flat.dtype)
 
 
 class _SubspaceCache:

@@ -11,14 +11,17 @@
   resident and later peaks read low.
 - Saved activations: a `saved_tensors_hooks` pair counts every distinct storage autograd keeps for
   backward during the step (parameters excluded). It is exact and noise-free, so tests use it.
+  `saved_tensors` lists them one by one with the module that saved each: the honest
+  decomposition of where backward memory goes.
 
 Knows nothing about which model or method is being measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,32 +65,94 @@ def _reset_rss_peak() -> bool:
     return True
 
 
-class _SavedTensorCounter:
-    """saved_tensors_hooks that add up distinct non-parameter storages saved for backward."""
+@dataclass(frozen=True)
+class SavedTensor:
+    """One distinct storage autograd kept for backward.
 
-    def __init__(self, params: set[int]) -> None:
+    Attributes:
+        module: the innermost module running when it was saved ("" outside every module).
+        shape: shape of the first tensor saved on this storage.
+        dtype: its dtype, e.g. "torch.float32".
+        nbytes: bytes of the whole storage.
+        producer: the autograd node that computed it ("leaf" for a tensor made outside autograd),
+            which tells apart, say, SiLU's output from the product's other operand.
+    """
+
+    module: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    producer: str
+
+
+class _SavedTensorCounter:
+    """saved_tensors_hooks that record distinct non-parameter storages saved for backward."""
+
+    def __init__(self, params: set[int], where: Callable[[], str] = lambda: "") -> None:
         self.params = params
+        self.where = where
         self.seen: set[int] = set()
-        self.bytes = 0
+        self.saved: list[SavedTensor] = []
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         key = storage.data_ptr()
         if key not in self.params and key not in self.seen:
             self.seen.add(key)
-            self.bytes += storage.nbytes()
+            producer = "leaf" if t.grad_fn is None else type(t.grad_fn).__name__
+            self.saved.append(
+                SavedTensor(self.where(), tuple(t.shape), str(t.dtype), storage.nbytes(), producer)
+            )
         return t
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:
         return t
 
+    @property
+    def bytes(self) -> int:
+        return sum(s.nbytes for s in self.saved)
+
+
+def _parameter_storages(model: nn.Module) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+
+@contextlib.contextmanager
+def _module_stack(model: nn.Module) -> Iterator[list[str]]:
+    """The names of the modules of `model` currently running, innermost last."""
+    stack: list[str] = []
+
+    def leave(module: nn.Module, args: object, output: object) -> None:
+        stack.pop()  # returns None: the module's output is left as it is
+
+    handles = []
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(lambda m, a, name=name: stack.append(name)))
+        handles.append(module.register_forward_hook(leave))
+    try:
+        yield stack
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def saved_tensors(model: nn.Module, step: Callable[[], object]) -> list[SavedTensor]:
+    """Run `step()` once and list every distinct storage autograd saved for backward during it
+    (parameters excluded), in the order they were saved."""
+    with _module_stack(model) as stack:
+        counter = _SavedTensorCounter(
+            _parameter_storages(model), lambda: stack[-1] if stack else ""
+        )
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            step()
+    return counter.saved
+
 
 def measure_step(model: nn.Module, step: Callable[[], object]) -> StepMemory:
     """Run `step()` (forward, backward, optimizer step of `model`) once and measure it."""
     device = next(model.parameters()).device
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    counter = _SavedTensorCounter(params)
+    counter = _SavedTensorCounter(_parameter_storages(model))
     hooks = torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack)
     tracemalloc.start()
     try:

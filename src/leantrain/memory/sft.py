@@ -35,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from leantrain.config import ModelConfig, Strict
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
+from leantrain.memory.kernels import apply_lean_kernels
 from leantrain.memory.lars import apply_lars
 from leantrain.models import encode_prompt, load_model, pick_device
 from leantrain.models.finetune import backward_token_mean, completion_chunks
@@ -83,7 +84,8 @@ class TuneConfig(Strict):
         "lars",
         description="full: every weight (most memory); lora: peft adapters (few parameters, but "
         "activations still grow with length); lars: full weights of `targets` with activations "
-        "saved at low rank; lora+lars: LoRA with LARS-compressed adapter inputs (least memory).",
+        "saved at low rank (and the lean kernels, see lean_kernels); lora+lars: LoRA with "
+        "LARS-compressed adapter inputs.",
     )
     targets: list[str] = Field(
         default_factory=lambda: list(LLAMA_PROJECTIONS),
@@ -91,6 +93,12 @@ class TuneConfig(Strict):
     )
     lora: LoraSettings = Field(default_factory=LoraSettings)
     lars: LarsSettings = Field(default_factory=LarsSettings)
+    lean_kernels: bool | None = Field(
+        None,
+        description="Swap the gated MLP's SiLU product and the RMSNorms for kernels that keep "
+        "fewer tensors for backward (exact gradients; `leantrain.memory.kernels`). null: on "
+        "for lars and lora+lars, off for full and lora, which stay the stock baselines.",
+    )
     gradient_checkpointing: bool = Field(
         False, description="Recompute each layer in backward: less memory, about 30% more time."
     )
@@ -196,11 +204,9 @@ class SFTRun:
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
 
     def _setup_method(self) -> None:
-        """Make the chosen parameters trainable and swap in LoRA/LARS layers, in place: the HF
-        model object (`self.model`) stays the one that is trained and evaluated."""
+        """Make the chosen parameters trainable and swap in LoRA/LARS layers and lean kernels, in
+        place: the HF model object (`self.model`) stays the one that is trained and evaluated."""
         cfg, method = self.config, self.config.method
-        if method == "full":
-            return
         if method in ("lora", "lora+lars"):
             from peft import LoraConfig, inject_adapter_in_model
 
@@ -210,13 +216,16 @@ class SFTRun:
                 inject_adapter_in_model(lora, self.model)
             except ValueError as e:
                 raise LeantrainError(f"targets: {e}") from None
-        else:  # lars: the targeted projections train their full weights
+        elif method == "lars":  # the targeted projections train their full weights
             self.model.requires_grad_(False)
             for name, module in self.model.named_modules():
                 if isinstance(module, torch.nn.Linear) and name.split(".")[-1] in cfg.targets:
                     module.weight.requires_grad_(True)
         if method in ("lars", "lora+lars"):
             self.lars_layers = apply_lars(self.model, cfg.lars.rank, cfg.targets)
+        lean = cfg.lean_kernels if cfg.lean_kernels is not None else "lars" in method
+        if lean:
+            apply_lean_kernels(self.model)
 
     def _setup_optimizer(self) -> None:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]

@@ -53,8 +53,10 @@ def backward_token_mean(
         n = int((labels[:, 1:] != IGNORE).sum())
         if n == 0:
             continue
-        out = model(input_ids=ids.to(device), labels=labels.to(device), use_cache=False)
-        loss = out.loss * (n / n_tokens)
+        # Only the loss is kept: holding the output would keep its (B, T, V) logits alive
+        # through backward, which needs just the loss's own saved tensors.
+        loss = model(input_ids=ids.to(device), labels=labels.to(device), use_cache=False).loss
+        loss = loss * (n / n_tokens)
         loss.backward()
         total += float(loss.detach())
     return total

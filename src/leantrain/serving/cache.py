@@ -76,7 +76,8 @@ class SemanticCache:
     Args:
         path: SQLite file of the cache (":memory:" for a throwaway one).
         embedder: texts -> unit-norm float32 rows.
-        policy: `ThresholdPolicy` or `VerifiedPolicy`.
+        policy: `ThresholdPolicy`, `VerifiedPolicy` or `BudgetedPolicy` (which keeps state:
+            one per cache).
         max_entries: size bound; the eviction policy makes room beyond it.
         eviction: "lru" or "cost".
         answers_match: judges whether a cached answer is right for a request, given the

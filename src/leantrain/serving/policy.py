@@ -9,6 +9,9 @@ request and the evidence about that entry so far, serve the cached answer or not
   P(served answer wrong) = (1 - tau) * (1 - alpha) stays under the user's bound delta, alpha
   being a lower confidence bound of P(correct): tau = min over eps of 1 - delta / (1 - alpha_eps),
   alpha_eps = (1 - eps) * (the eps lower quantile of P(correct)); vCache's rule.
+- `budgeted` (`BudgetedPolicy`): the same evidence, but delta bounds the error rate over all
+  requests rather than each request's: the requests the evidence trusts most are served first,
+  riskier ones with what is left of the budget (see the class for its guarantee).
 
 Where ours differs from vCache (which fits a logistic curve sigma(gamma (s - t)) per entry and
 needs its threshold's variance): P(correct | s) is only assumed to grow with similarity s, so every
@@ -164,24 +167,128 @@ class VerifiedPolicy:
     name: str = "verified"
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.delta < 1.0:
-            raise LeantrainError(f"delta must be in (0, 1), got {self.delta}")
-        if not 0.0 <= self.share_weight <= 1.0 or self.window < 0:
-            raise LeantrainError("share_weight must be in [0, 1] and window >= 0")
-        if not 0.0 <= self.prior_weight <= 1.0:
-            raise LeantrainError(f"prior_weight must be in [0, 1], got {self.prior_weight}")
+        _check_settings(self)
 
     def decide(self, similarity: float, evidence: Evidence, rng: random.Random) -> Decision:
-        right = evidence.own_right + self.share_weight * evidence.shared_right
-        seen = evidence.own_seen + self.share_weight * evidence.shared_seen
-        if self.prior is not None:
-            low, high = similarity - self.window - _FLOAT_SLACK, similarity + _FLOAT_SLACK
-            prior_right, prior_seen = self.prior.count(low, high)
-            right += self.prior_weight * prior_right
-            seen += self.prior_weight * prior_seen
+        right, seen = pooled_verdicts(self, similarity, evidence)
         tau = 1.0 if seen < self.min_verdicts else explore_probability(right, seen, self.delta)
         predicted = (1 + right) / (2 + seen)  # posterior mean of P(correct)
         return Decision(rng.random() >= tau, tau, predicted)
+
+
+class _Pooling(Protocol):
+    delta: float
+    share_weight: float
+    window: float
+    prior: Verdicts | None
+    prior_weight: float
+
+
+def _check_settings(pooling: _Pooling) -> None:
+    """Refuse a delta, weight or window a policy cannot use, naming it."""
+    if not 0.0 < pooling.delta < 1.0:
+        raise LeantrainError(f"delta must be in (0, 1), got {pooling.delta}")
+    if not 0.0 <= pooling.share_weight <= 1.0 or pooling.window < 0:
+        raise LeantrainError("share_weight must be in [0, 1] and window >= 0")
+    if not 0.0 <= pooling.prior_weight <= 1.0:
+        raise LeantrainError(f"prior_weight must be in [0, 1], got {pooling.prior_weight}")
+
+
+def pooled_verdicts(
+    pooling: _Pooling, similarity: float, evidence: Evidence
+) -> tuple[float, float]:
+    """(right, seen), weighted: the entry's own verdicts, other entries' in the window and the
+    prior's in the window (see `VerifiedPolicy`'s attributes for the weights)."""
+    right = evidence.own_right + pooling.share_weight * evidence.shared_right
+    seen = evidence.own_seen + pooling.share_weight * evidence.shared_seen
+    if pooling.prior is not None:
+        low, high = similarity - pooling.window - _FLOAT_SLACK, similarity + _FLOAT_SLACK
+        prior_right, prior_seen = pooling.prior.count(low, high)
+        right += pooling.prior_weight * prior_right
+        seen += pooling.prior_weight * prior_seen
+    return right, seen
+
+
+@dataclass
+class BudgetedPolicy:
+    """Spends delta as a budget on the aggregate error rate instead of per request.
+
+    Evidence is pooled as in `VerifiedPolicy` (same attributes, same Beta(1, 1) posterior), and
+    each request's risk u = posterior mean of P(wrong) = 1 - (1 + right) / (2 + seen) is what
+    serving it costs. After k requests (those with a nearest entry), two rules decide:
+
+    - never overspend: serve only if the risk spent so far plus u stays within the budget
+      delta * k - z * sqrt(delta * k);
+    - least risky first (water-filling over the k risks seen so far, summed in bins 0.001
+      wide): serve a request whose bin, with every less risky bin, would have cost at most
+      delta per request; never one past that; in the bin where delta is reached, serve with the
+      probability that spends what is left. Requests the evidence trusts most take the budget,
+      riskier ones only what remains.
+
+    The guarantee, under the same model as `VerifiedPolicy` (each request's posterior is right:
+    the pooled and calibration verdicts in its window are representative of it): the expected
+    number of wrong answers served after k requests is at most the risk spent, which is at most
+    delta * k - z * sqrt(delta * k). The count minus the risk spent is a martingale whose
+    conditional variance is at most the risk spent, so by Freedman's inequality the count exceeds
+    delta * k with probability at most exp(-z**2 / (2 (1 + z / (3 sqrt(delta * k))))), about
+    exp(-z**2 / 2) = 0.26 for z = 1.645, and about Phi(-z) = 5% by the normal approximation, at
+    each k. vCache bounds each request's error probability by delta instead, which costs hits
+    wherever the evidence is unsure, even while the budget is unused.
+
+    It does not explore at random: requests it does not serve are misses whose verdicts feed
+    the pooled evidence; the requests it always serves get no fresh verdicts, so a prior that is
+    wrong where it is most confident is corrected only by feedback. Its state (risk spent,
+    requests seen, risks per bin) lives in memory: a restart starts a fresh budget.
+
+    Attributes:
+        delta: the bound on the rate of wrong cached answers, over all requests.
+        z: slack of the budget in standard deviations of the wrong-answer count (see above).
+        share_weight, window, prior, prior_weight: the evidence, as in `VerifiedPolicy`.
+    """
+
+    delta: float = 0.02
+    z: float = 1.645
+    share_weight: float = 1.0
+    window: float = 0.003
+    prior: Verdicts | None = field(default=None, repr=False)
+    prior_weight: float = 1.0
+    name: str = "budgeted"
+    requests: int = field(default=0, init=False)
+    spent: float = field(default=0.0, init=False)
+    _risk_sums: np.ndarray = field(init=False, repr=False)  # (bins,) sum of past risks per bin
+
+    def __post_init__(self) -> None:
+        _check_settings(self)
+        if self.z < 0:
+            raise LeantrainError(f"z must be >= 0, got {self.z}")
+        self._risk_sums = np.zeros(_RISK_BIN_COUNT)
+
+    def decide(self, similarity: float, evidence: Evidence, rng: random.Random) -> Decision:
+        right, seen = pooled_verdicts(self, similarity, evidence)
+        predicted = (1 + right) / (2 + seen)
+        risk = 1 - predicted  # posterior mean of P(wrong)
+        self.requests += 1
+        risk_bin = min(int(risk * _RISK_BIN_COUNT), _RISK_BIN_COUNT - 1)
+        self._risk_sums[risk_bin] += risk
+        budget = self.delta * self.requests - self.z * np.sqrt(self.delta * self.requests)
+        serve_probability = self._serve_probability(risk_bin)
+        hit = self.spent + risk <= budget and rng.random() < serve_probability
+        if hit:
+            self.spent += risk
+        return Decision(hit, 1.0 - serve_probability, predicted)
+
+    def _serve_probability(self, risk_bin: int) -> float:
+        """Water-filling over the past risks: 1 for a bin that, with every less risky one,
+        would have cost at most delta per request; 0 past that; the bin where delta is reached
+        gets the share that is left."""
+        cost = self._risk_sums / self.requests  # (bins,) risk per request so far
+        before = float(cost[:risk_bin].sum())  # spent on less risky bins, per request
+        if cost[risk_bin] == 0:  # risk 0 costs nothing
+            return 1.0
+        return float(np.clip((self.delta - before) / cost[risk_bin], 0.0, 1.0))
+
+
+_RISK_BIN_COUNT = 1000  # past risks are summed in bins 0.001 wide
 
 
 # Confidence levels the policy tries; the least exploration among them wins.
@@ -198,10 +305,11 @@ def explore_probability(right: float, seen: float, delta: float) -> float:
 
 
 def make_policy(name: str, *, threshold: float = 0.9, delta: float = 0.02) -> HitPolicy:
-    """`threshold` or `verified`, by name."""
+    """`threshold`, `verified` or `budgeted`, by name."""
     policies = {
         "threshold": lambda: ThresholdPolicy(threshold),
         "verified": lambda: VerifiedPolicy(delta),
+        "budgeted": lambda: BudgetedPolicy(delta),
     }
     if name not in policies:
         raise LeantrainError(f"policy must be one of {sorted(policies)}, got {name!r}")

@@ -1,23 +1,27 @@
 """Zeroth-order fine-tuning (MeZO family) run as an inference workload: SPSA, n-SPSA and
 one-sided estimators, sparse perturbations, LoRA or all-parameter targets, directions regenerated
-from seeds, and every perturbed state scored through the batched inference forward
-(`generation.scoring`); `reference.MeZOReference` is the baseline it is measured against."""
+from seeds, and every perturbed state scored as an inference engine scores a batch (`packed`:
+each distinct prefix once; `generation.scoring` for models it does not cover);
+`reference.MeZOReference` is the baseline it is measured against."""
 
 from leantrain.zo.data import Pair, label_accuracy, mean_loss, read_pairs
 from leantrain.zo.directions import Directions, SeedStream, small_magnitude_masks
 from leantrain.zo.engine import StepResult, ZOEngine
 from leantrain.zo.estimators import ESTIMATORS, SPSA, OneSided, Plan, make_estimator
 from leantrain.zo.lora import add_lora, lora_factors, stacked_adapters
+from leantrain.zo.packed import LeanLlama, PrefixTree
 from leantrain.zo.reference import MeZOReference
 
 __all__ = [
     "ESTIMATORS",
     "SPSA",
     "Directions",
+    "LeanLlama",
     "MeZOReference",
     "OneSided",
     "Pair",
     "Plan",
+    "PrefixTree",
     "SeedStream",
     "StepResult",
     "ZOEngine",

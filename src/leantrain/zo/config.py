@@ -73,8 +73,15 @@ class ZOSettings(Strict):
     forward_tokens: int = Field(
         512,
         ge=16,
-        description="Padded tokens per scoring forward. Small is fast on a CPU (stays in cache); "
-        "raise it on an accelerator.",
+        description="Padded tokens per scoring forward through the model's own forward (models "
+        "other than Llama). Small is fast on a CPU (stays in cache); raise it on an accelerator.",
+    )
+    tree_nodes: int = Field(
+        2048,
+        ge=16,
+        description="Prefix-tree nodes per packed scoring forward (Llama models: each distinct "
+        "prefix of the batch computed once), all perturbed states together. Larger shares more "
+        "prefixes; it bounds activation memory.",
     )
 
     @model_validator(mode="after")

@@ -9,8 +9,9 @@ reusable buffer) every time it is needed.
 The arithmetic of a move also follows the reference, rounding for rounding: a perturbation is
 `theta + (scale * z) * eps` and an update `theta - lr * (g * z)`, so both sides hold bit-identical
 weights after every step. The difference is how: `torch._foreach_*` over chunks of tensors (one
-kernel launch per chunk instead of three per tensor), in place, into a preallocated buffer, and
-the last restore fused with the update so z is drawn once for both.
+kernel launch per chunk instead of three per tensor), in place, z drawn into a preallocated
+buffer, and drawn once per seed and step where the buffer can hold all of it (LoRA factors, small
+models), else once for the last restore and the update together.
 
 What it does NOT know about: models, losses, estimators (see `estimators.py` for which moves a
 step makes).
@@ -18,7 +19,7 @@ step makes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -44,10 +45,15 @@ class Directions:
 
     Args:
         tensors: the trainable tensors, in the order their z is drawn (`named_parameters` order).
-        chunk_numel: elements per fused chunk; bounds the z buffer (a tensor larger than this is
-            a chunk of its own). Small keeps memory at inference level, large launches fewer ops.
+        chunk_numel: elements per fused chunk; bounds the temporaries of a move (a tensor larger
+            than this is a chunk of its own). Small keeps memory at inference level, large
+            launches fewer ops.
         masks: optional boolean tensor per tensor: only True entries move (sparse ZO). z is still
             drawn for every entry, so masked and unmasked runs consume the same random stream.
+        hold_numel: when all tensors together have at most this many elements, the z buffer
+            holds the whole direction and keeps it: the moves of one seed (+1, -2, back and
+            update) draw z once instead of each drawing it again. Larger tensors get a buffer
+            of one chunk, redrawn for every move.
     """
 
     def __init__(
@@ -55,16 +61,15 @@ class Directions:
         tensors: Sequence[torch.Tensor],
         chunk_numel: int = 1 << 18,
         masks: Sequence[torch.Tensor] | None = None,
+        hold_numel: int = 1 << 21,
     ) -> None:
         if not tensors:
             raise LeantrainError("ZO needs at least one trainable tensor; none requires grad")
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) != 1:
             raise LeantrainError(f"ZO tensors must share one dtype, got {sorted(map(str, dtypes))}")
-        if masks is not None and len(masks) != len(tensors):
-            raise LeantrainError(f"{len(masks)} masks for {len(tensors)} tensors")
         self.tensors = list(tensors)
-        self.masks = list(masks) if masks is not None else None
+        self.masks = masks
         self.device = tensors[0].device
         self.chunks: list[list[int]] = []  # indices of the tensors fused together
         size = 0
@@ -75,58 +80,79 @@ class Directions:
             else:
                 self.chunks.append([i])
                 size = t.numel()
+        total = sum(t.numel() for t in tensors)
+        self.holds = total <= hold_numel
         largest = max(sum(tensors[i].numel() for i in c) for c in self.chunks)
-        self._buffer = torch.empty(largest, dtype=tensors[0].dtype, device=self.device)
+        self._buffer = torch.empty(
+            total if self.holds else largest, dtype=tensors[0].dtype, device=self.device
+        )
+        # z's views per chunk: consecutive in a holding buffer, all at its start otherwise.
+        self._views: list[list[torch.Tensor]] = []
+        offset = 0
+        for chunk in self.chunks:
+            if not self.holds:  # a chunk-sized buffer: every chunk starts at 0
+                offset = 0
+            views = []
+            for i in chunk:
+                views.append(self._buffer[offset : offset + tensors[i].numel()].view_as(tensors[i]))
+                offset += tensors[i].numel()
+            self._views.append(views)
 
-    def _draw(self, chunk: list[int], generator: torch.Generator) -> list[torch.Tensor]:
-        """z for the tensors of `chunk`, as views into the buffer, continuing `generator`."""
-        views, offset = [], 0
-        for i in chunk:
-            t = self.tensors[i]
-            view = self._buffer[offset : offset + t.numel()].view_as(t)
-            view.normal_(generator=generator)
-            views.append(view)
-            offset += t.numel()
-        if self.masks is not None:
-            torch._foreach_mul_(views, [self.masks[i] for i in chunk])
-        return views
+    @property
+    def masks(self) -> list[torch.Tensor] | None:
+        return self._masks
 
-    def _generator(self, seed: int) -> torch.Generator:
+    @masks.setter
+    def masks(self, masks: Sequence[torch.Tensor] | None) -> None:
+        if masks is not None and len(masks) != len(self.tensors):
+            raise LeantrainError(f"{len(masks)} masks for {len(self.tensors)} tensors")
+        self._masks = list(masks) if masks is not None else None
+        self._held: int | None = None  # the seed whose masked z the buffer holds
+
+    def _z(self, seed: int) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """(tensors, z(seed) views) per chunk, z drawn unless the buffer holds it already. Lazy:
+        without holding, the chunks share the buffer, so a chunk's z lasts until the next one's."""
+        if self._held == seed:
+            for chunk, views in zip(self.chunks, self._views, strict=True):
+                yield [self.tensors[i] for i in chunk], views
+            return
+        self._held = None
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed)
-        return generator
+        for chunk, views in zip(self.chunks, self._views, strict=True):
+            for view in views:
+                view.normal_(generator=generator)
+            if self._masks is not None:
+                torch._foreach_mul_(views, [self._masks[i] for i in chunk])
+            yield [self.tensors[i] for i in chunk], views
+        if self.holds:
+            self._held = seed
 
     def move_(self, seed: int, scale: float, eps: float) -> None:
         """theta <- theta + (scale * z(seed)) * eps."""
-        generator = self._generator(seed)
-        for chunk in self.chunks:
-            z = self._draw(chunk, generator)
-            torch._foreach_mul_(z, scale)
-            torch._foreach_mul_(z, eps)
-            torch._foreach_add_([self.tensors[i] for i in chunk], z)
+        for tensors, z in self._z(seed):
+            step = torch._foreach_mul(z, scale)  # a temporary the size of one chunk
+            torch._foreach_mul_(step, eps)
+            torch._foreach_add_(tensors, step)
 
     def move_and_update_(self, seed: int, scale: float, eps: float, g: float, lr: float) -> None:
-        """`move_(seed, scale, eps)` then `update_(seed, g, lr)`, drawing z once for both."""
-        generator = self._generator(seed)
-        for chunk in self.chunks:
-            z = self._draw(chunk, generator)
-            tensors = [self.tensors[i] for i in chunk]
-            step = torch._foreach_mul(z, scale)  # a temporary the size of one chunk
+        """`move_(seed, scale, eps)` then `update_(seed, g, lr)`, drawing z at most once."""
+        for tensors, z in self._z(seed):
+            step = torch._foreach_mul(z, scale)
             torch._foreach_mul_(step, eps)
             torch._foreach_add_(tensors, step)
             self._descend(tensors, z, g, lr)
 
     def update_(self, seed: int, g: float, lr: float) -> None:
         """theta <- theta - lr * (g * z(seed)): one SGD step along z with projected gradient g."""
-        generator = self._generator(seed)
-        for chunk in self.chunks:
-            self._descend([self.tensors[i] for i in chunk], self._draw(chunk, generator), g, lr)
+        for tensors, z in self._z(seed):
+            self._descend(tensors, z, g, lr)
 
     @staticmethod
     def _descend(tensors: list[torch.Tensor], z: list[torch.Tensor], g: float, lr: float) -> None:
-        torch._foreach_mul_(z, g)
-        torch._foreach_mul_(z, lr)
-        torch._foreach_sub_(tensors, z)
+        step = torch._foreach_mul(z, g)  # z itself stays intact (it may be held)
+        torch._foreach_mul_(step, lr)
+        torch._foreach_sub_(tensors, step)
 
 
 def small_magnitude_masks(tensors: Sequence[torch.Tensor], fraction: float) -> list[torch.Tensor]:

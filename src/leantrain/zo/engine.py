@@ -1,23 +1,28 @@
 """The inference-workload ZO engine: a MeZO-family step run with inference machinery only.
 
 No autograd (`torch.inference_mode`), no gradient buffers or optimizer state, directions
-regenerated from seeds, fused in-place moves (`directions.Directions`), and scoring through the
-batched forward of `generation.scoring` (lm_head only where labels are, no attention mask), in
-length-sorted micro-batches of at most `forward_tokens` padded tokens (on a CPU a forward that
-spills out of cache costs more per token, and sorting cuts padding). With
+regenerated from seeds, fused in-place moves (`directions.Directions`, z drawn once per seed and
+step where it fits the buffer). Scoring is what an inference engine does with a batch it scores
+again and again: on Llama models (`packed.LeanLlama`) the batch is packed into the tree of its
+distinct prefixes, so a prefix that rows share (a prompt template, a repeated context) is computed
+once, with no padding, and the last layer and lm_head run only where a token is scored. Other
+models go through the batched forward of `generation.scoring` (lm_head only where labels are, no
+attention mask) in length-sorted micro-batches of at most `forward_tokens` padded tokens (on a
+CPU a forward that spills out of cache costs more per token, and sorting cuts padding). With
 LoRA targets, all perturbed states of a step are snapshots of the small adapter and are scored
-together: S states x b rows in ONE forward over the frozen base (`lora.stacked_adapters`). With
+together: S states x the batch in ONE forward over the frozen base (stacked adapters). With
 all parameters as targets the states cannot share a forward (each is a full copy of the weights),
 so they are scored one after another, moving the weights in place between them.
 
 Same seeds, same moves and same update rule as `reference.MeZOReference`, so the two walk the
-same loss trajectory; only the machinery differs.
+same loss trajectory; only the machinery differs (and the loss's float summation order).
 
 What it does NOT know about: where batches come from, logging, checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +35,10 @@ from leantrain.zo.data import Pair, pad_pairs
 from leantrain.zo.directions import Directions, SeedStream, small_magnitude_masks
 from leantrain.zo.estimators import SPSA, OneSided, Plan
 from leantrain.zo.lora import lora_factors, stacked_adapters
+from leantrain.zo.packed import LeanLlama, PrefixTree, prefix_groups
+
+# One forward's worth of rows: a prefix tree (lean forward) or padded (ids, labels).
+Piece = PrefixTree | tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -59,9 +68,16 @@ class ZOEngine:
             peft LoRA model whose trainable tensors are exactly the LoRA factors).
         sparse_fraction: perturb only this fraction of each tensor's entries, the smallest in
             magnitude (Sparse MeZO); None perturbs all.
-        chunk_numel: elements per fused perturbation chunk (bounds the z buffer).
+        chunk_numel: elements per fused perturbation chunk (bounds a move's temporaries; z
+            itself is held whole when the trainable tensors fit `Directions`' hold_numel).
         forward_tokens: padded tokens per forward (all states together when batched). Small
             suits a CPU (the forward stays in cache); an accelerator wants it large.
+        lean: score Llama models with `packed.LeanLlama` over the batch's prefix tree (each
+            distinct prefix run once, no padding); other models, or False, use the model's
+            own forward over length-sorted padded micro-batches of `forward_tokens`.
+        tree_nodes: prefix-tree nodes per packed forward (all states together). Large shares
+            more prefixes (on a CPU too: the packed forward has no padding to spill); it bounds
+            activation memory.
     """
 
     def __init__(
@@ -76,6 +92,8 @@ class ZOEngine:
         sparse_fraction: float | None = None,
         chunk_numel: int = 1 << 18,
         forward_tokens: int = 512,
+        lean: bool = True,
+        tree_nodes: int = 2048,
     ) -> None:
         self.model = model
         self.estimator = estimator
@@ -83,10 +101,12 @@ class ZOEngine:
         self.pad_id = pad_id
         self.sparse_fraction = sparse_fraction
         self.forward_tokens = forward_tokens
+        self.tree_nodes = tree_nodes
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
         self.directions = Directions(self.params, chunk_numel)
         self.seeds = SeedStream(seed)
         self.factors = lora_factors(model) if batched else []
+        self.lean = LeanLlama(model) if lean and LeanLlama.supports(model) else None
         if batched and [f.weight for f in self.factors] != self.params:
             raise LeantrainError(
                 "batched scoring stacks LoRA adapters: the trainable tensors must be exactly the "
@@ -120,21 +140,49 @@ class ZOEngine:
             chunks[-1].append(pair)
         return [pad_pairs(chunk, self.pad_id) for chunk in chunks]
 
+    def _pieces(self, pairs: Sequence[Pair], states: int) -> list[Piece]:
+        """What the forwards of one state set score: prefix trees for the lean forward (rows
+        sharing a prefix in one tree), padded micro-batches for the model's own."""
+        if self.lean is None:
+            return self._micro_batches(pairs, states)
+        groups = prefix_groups(pairs, self.tree_nodes // states)
+        return [PrefixTree.build(group, self.directions.device) for group in groups]
+
+    def _mean_losses(
+        self, pieces: list[Piece], states: int, stacks: list[torch.Tensor] | None = None
+    ) -> list[float]:
+        """Token-mean loss of each state over `pieces`: the current weights (states = 1), or
+        the adapter states in `stacks` (one (S, out, in) tensor per LoRA factor)."""
+        logp = torch.zeros(states, dtype=torch.float64, device=self.directions.device)
+        count = 0
+        if self.lean is not None:
+            by_factor = dict(zip(self.factors, stacks, strict=True)) if stacks else None
+            for tree in pieces:
+                logp += self.lean.logprobs(tree, by_factor).double()
+                count += len(tree.targets)
+            return (-logp / count).tolist()
+        with stacked_adapters(self.factors, stacks) if stacks else contextlib.nullcontext():
+            for ids, labels in pieces:
+                sums, n = label_logprobs(
+                    self.model, ids.repeat(states, 1), labels.repeat(states, 1)
+                )
+                logp += sums.view(states, -1).sum(-1).double()  # (S,)
+                count += int(n.view(states, -1)[0].sum())
+        return (-logp / count).tolist()
+
     def _score_sequential(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
         """Move the weights to each state in turn and score it."""
-        batches = self._micro_batches(pairs, 1)
+        pieces = self._pieces(pairs, 1)
         losses = []
         for moves in plan.moves:
             for seed, scale in moves:
                 self.directions.move_(seed, scale, self.estimator.eps)
-            sums = [label_logprobs(self.model, ids, labels) for ids, labels in batches]
-            logp = torch.stack([lp.sum() for lp, _ in sums]).sum()  # one host sync per state
-            losses.append(float(-logp / sum(n.sum() for _, n in sums)))
+            losses += self._mean_losses(pieces, 1)
         return losses
 
     def _score_batched(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
         """Snapshot the adapter at each state into stacks, then score all states together: each
-        forward runs the same micro-batch of rows once per state."""
+        forward runs the same rows once per state."""
         states = len(plan.moves)
         stacks = [p.new_empty((states, *p.shape)) for p in self.params]  # (S, out, in) each
         for k, moves in enumerate(plan.moves):
@@ -142,16 +190,7 @@ class ZOEngine:
                 self.directions.move_(seed, scale, self.estimator.eps)
             for stack, p in zip(stacks, self.params, strict=True):
                 stack[k].copy_(p)
-        logp = torch.zeros(states, dtype=torch.float64)
-        count = 0
-        with stacked_adapters(self.factors, stacks):
-            for ids, labels in self._micro_batches(pairs, states):
-                sums, n = label_logprobs(
-                    self.model, ids.repeat(states, 1), labels.repeat(states, 1)
-                )
-                logp += sums.view(states, -1).sum(-1).double().cpu()  # (S,)
-                count += int(n.view(states, -1)[0].sum())
-        return (-logp / count).tolist()
+        return self._mean_losses(self._pieces(pairs, states), states, stacks)
 
     def _return_and_update(self, plan: Plan, seeds: list[int], grads: list[float]) -> None:
         """Move back to the current weights and take the update, last direction first; the last

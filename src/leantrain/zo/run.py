@@ -114,6 +114,7 @@ class ZORun:
                 batched=zo.target == "lora",
                 sparse_fraction=zo.sparse_fraction,
                 forward_tokens=zo.forward_tokens,
+                tree_nodes=zo.tree_nodes,
             )
 
     def _setup_outputs(self) -> None:
