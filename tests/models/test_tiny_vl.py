@@ -5,13 +5,26 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
+from unittest.mock import patch
 
 import pytest
 import torch
 from transformers import AutoProcessor, LlamaForCausalLM, LlavaForConditionalGeneration
 
 from leantrain.models import PRESETS, load_model
-from leantrain.models.tiny_vl import VisionWarmStartRecipe, build_tiny_vl, tiny_vl_model
+from leantrain.models.finetune import IGNORE
+from leantrain.models.tiny_vl import (
+    VisionWarmStartRecipe,
+    _episode_rows,
+    _glyph_loss,
+    _reading_rows,
+    _sequence_batch,
+    build_tiny_vl,
+    episode_accuracy,
+    glyph_accuracy,
+    tiny_vl_model,
+)
 from leantrain.models.vision import encode_image_prompt, load_processor
 from leantrain.tasks.visual import GRID, VisualTask
 
@@ -66,11 +79,93 @@ def test_the_language_model_is_the_base_model(saved_vlm, tiny_path):
 
 
 def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
-    recipe = VisionWarmStartRecipe(read_steps=2, read_batch=2, task_steps=2, task_batch=2)
+    recipe = VisionWarmStartRecipe(
+        glyph_steps=2, glyph_batch=2, task_steps=2, task_batch=2, read_batch=2
+    )
     info = build_tiny_vl(tiny_path, tmp_path / "built", recipe, progress=False)
-    assert set(info["final_loss"]) == {"reading", "task"}
-    assert json.loads((tmp_path / "built" / "build.json").read_text())["recipe"]["read_steps"] == 2
+    assert set(info["final_loss"]) == {"glyphs", "task"}
+    assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "tags"}
+    saved = json.loads((tmp_path / "built" / "build.json").read_text())
+    assert saved["recipe"]["glyph_steps"] == 2
+    assert saved["task_steps_taken"] == 2  # the first stop check comes at step 20
+    assert 0.0 <= saved["validation_receipt_accuracy"] <= 1.0
     model, _ = load_model(tmp_path / "built")
     assert isinstance(model, LlavaForConditionalGeneration)
     assert load_processor(tmp_path / "built").image_token == "<image>"
     assert "tiny-vl" in PRESETS
+
+
+def test_glyph_loss_is_lowest_on_the_embedding_rows_and_asks_for_a_margin():
+    recipe = VisionWarmStartRecipe()
+    rows = torch.randn(5, 8) * 0.1  # (C, H): five characters' embeddings
+    targets = torch.tensor([[0, 1, 2, 3, 4, 0]])  # (n, cells)
+    on_rows = _glyph_loss(rows[targets], targets, rows, recipe)
+    swapped = _glyph_loss(rows[targets.roll(1, -1)], targets, rows, recipe)
+    assert on_rows < swapped
+    # On its row, the squared distance is 0 and the cross-entropy is that of logits -d^2 / T.
+    distances = torch.cdist(rows, rows).pow(2)
+    expected = torch.nn.functional.cross_entropy(
+        -distances[targets[0]] / recipe.glyph_temperature, targets[0]
+    )
+    assert torch.allclose(on_rows, expected, atol=1e-5)
+    # A feature half-way between two rows reads as either: the loss stays high.
+    halfway = (rows[0] + rows[1]) / 2
+    assert _glyph_loss(halfway.expand(1, 1, 8), targets[:, :1], rows, recipe) > 0.5
+
+
+def test_glyph_accuracy_reads_features_nearest_their_characters(saved_vlm):
+    _, model, processor = saved_vlm
+    examples = VisualTask(style="tags").examples(4, seed=2)
+    untrained = glyph_accuracy(model, processor, examples)
+    assert 0.0 <= untrained < 0.5  # a random tower reads few inked cells
+    tokenizer = processor.tokenizer
+    rows = model.get_input_embeddings().weight.detach()
+    cells = [c for ex in examples for c in ex.meta["cells"]]
+    exact = rows[[tokenizer.encode(c, add_special_tokens=False)[0] for c in cells]]
+    # A tower whose features are exactly the cells' embedding rows reads every inked cell.
+    with patch.object(
+        model,
+        "get_image_features",
+        return_value=SimpleNamespace(pooler_output=list(exact.view(4, 64, -1))),
+    ):
+        assert glyph_accuracy(model, processor, examples) == 1.0
+
+
+def test_episode_accuracy_is_the_share_of_rows_greedy_decoding_gets_right(saved_vlm):
+    _, _, processor = saved_vlm
+    rows = _episode_rows(VisualTask(), random.Random(0), 4)
+    ids, labels, _ = _sequence_batch(processor, rows)
+    vocab = len(processor.tokenizer)
+
+    def model_predicting(next_ids: torch.Tensor):
+        """A stand-in model whose argmax at position t is next_ids[:, t + 1]."""
+        logits = torch.nn.functional.one_hot(next_ids.roll(-1, dims=1), vocab).float()
+        return lambda **_: SimpleNamespace(logits=logits)
+
+    assert episode_accuracy(model_predicting(ids), processor, rows) == 1.0
+    # One wrong model token (row 1's first answer token) fails that row only.
+    wrong = ids.clone()
+    first_trained = int((labels[1] != IGNORE).nonzero()[0])
+    wrong[1, first_trained] = (wrong[1, first_trained] + 1) % vocab
+    assert episode_accuracy(model_predicting(wrong), processor, rows) == 0.75
+    # A wrong prompt or environment token (not the model's to write) changes nothing.
+    other = ids.clone()
+    other[2, 0] = (other[2, 0] + 1) % vocab
+    env = int((labels[3] == IGNORE).nonzero()[-1])  # in the environment's reply or padding
+    other[3, env] = (other[3, env] + 1) % vocab
+    assert episode_accuracy(model_predicting(other), processor, rows) == 1.0
+
+
+def test_reading_rows_train_on_the_transcript_only(saved_vlm):
+    _, _, processor = saved_vlm
+    rng = random.Random(3)
+    rows = _reading_rows(rng, 3)
+    ids, labels, pixels = _sequence_batch(processor, rows)
+    assert pixels.shape == (3, 3, 64, 64)
+    tokenizer = processor.tokenizer
+    for (prompt, _, pieces), row_ids, row_labels in zip(rows, ids, labels, strict=True):
+        assert prompt == "<image>read?\n"
+        trained = row_labels[row_labels != IGNORE].tolist()
+        transcript_ids = tokenizer.encode(pieces[0][0], add_special_tokens=False)
+        assert trained == [*transcript_ids, tokenizer.eos_token_id]
+        assert row_ids.tolist().count(tokenizer.convert_tokens_to_ids("<image>")) == 64

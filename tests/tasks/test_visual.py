@@ -5,7 +5,7 @@ import pytest
 
 from leantrain.errors import LeantrainError
 from leantrain.tasks import make_task
-from leantrain.tasks.visual import CELL, GRID, VisualTask
+from leantrain.tasks.visual import CELL, GRID, VisualTask, reading_page, text_grid, transcript
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,37 @@ def test_options_are_checked():
     ):
         with pytest.raises(LeantrainError, match="visual"):
             make_task("visual", **bad)
+
+
+def test_transcript_reads_rows_top_to_bottom_one_space_between_words():
+    cells = text_grid({2: "AB    12", 0: "RECEIPT", 5: "  7 30"})
+    assert transcript(cells) == "RECEIPT\nAB 12\n7 30"
+    receipt = VisualTask(style="receipt").sample(random.Random(4))
+    assert transcript(receipt.meta["cells"]).split("\n")[0] == "RECEIPT"
+    tags = VisualTask(style="tags").sample(random.Random(4))
+    assert transcript(tags.meta["cells"]) == " ".join(map(str, tags.meta["values"]))
+
+
+def test_reading_pages_are_deterministic_inked_where_they_say_and_never_tags():
+    first = [reading_page(random.Random(seed)) for seed in range(200)]
+    again = [reading_page(random.Random(seed)) for seed in range(3)]
+    assert [(lines, image.tobytes()) for lines, image in first[:3]] == [
+        (lines, image.tobytes()) for lines, image in again
+    ]
+    for lines, image in first:
+        pixels = np.asarray(image).astype(int)
+        paper = pixels[0, -1] if not lines.get(0, "").ljust(GRID)[-1].strip() else None
+        for row, text in lines.items():
+            assert 1 <= len(text.split()) <= 3 and len(text) <= GRID
+            if paper is not None:  # inked cells are the non-space characters
+                for col, char in enumerate(text.ljust(GRID)):
+                    patch = pixels[row * CELL : (row + 1) * CELL, col * CELL : (col + 1) * CELL]
+                    assert (np.abs(patch - paper).sum(-1) > 60).any() == (char != " ")
+        # The held-out style (one line of numbers only) is never a reading page.
+        assert not (
+            len(lines) == 1 and all(w.isdigit() for w in next(iter(lines.values())).split())
+        )
+    # Pages hold letters, digits and several lines: generic reading, not one layout.
+    words = [w for lines, _ in first for text in lines.values() for w in text.split()]
+    assert any(w.isdigit() for w in words) and any(w.isalpha() for w in words)
+    assert {len(lines) for lines, _ in first} == {1, 2, 3, 4}

@@ -29,6 +29,7 @@ Knows nothing about tokens, processors or models: an example carries its PIL ima
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,12 +52,14 @@ CELL = 8  # pixels per glyph cell (and per vision patch)
 GRID = 8  # cells per side: a 64x64 image
 IMAGE_SIZE = CELL * GRID
 QUESTION = "total?"
+READ_QUESTION = "read?"  # generic transcription (the warm start's reading stage); not a task
 STYLES = ("receipt", "tags")
 Style = Literal["receipt", "tags"]
 # Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
 # reach into the cell below.
 GLYPHS = "0123456789ABCDEFGHIJKLMNOPRSTUVWXYZ?+"
 _LETTERS = "ABCDEFGHIJKLMNOPRSTUVWXYZ"
+_DIGITS = "0123456789"
 
 _POOL_STRIDE = 1_000_003  # pool example i of pool_seed s renders from seed s * stride + i
 
@@ -99,6 +102,40 @@ def text_grid(lines: dict[int, str]) -> list[str]:
     """The character in each cell, row-major (64 strings, " " for an empty cell): what a reader
     of the image sees, in the order its patches reach the language model."""
     return [(lines.get(row, "") + " " * GRID)[col] for row in range(GRID) for col in range(GRID)]
+
+
+def transcript(cells: Sequence[str]) -> str:
+    """What an image says, as an OCR reader writes it: its non-empty rows top to bottom, one per
+    line, words separated by one space (`cells` row-major, as `text_grid` gives them)."""
+    rows = ("".join(cells[row * GRID : (row + 1) * GRID]) for row in range(GRID))
+    return "\n".join(" ".join(row.split()) for row in rows if row.strip())
+
+
+def reading_page(rng: random.Random) -> tuple[dict[int, str], Image.Image]:
+    """A random page for generic reading (OCR pretraining, no task and no question about it):
+    1-4 lines at random rows, each 1-3 words of random glyphs (letters, digits, or both mixed)
+    from a random column, dark ink of a random colour on light paper of a random tint, each glyph
+    at a random place in its cell. Returns the lines and the image.
+
+    Never a page of the held-out `tags` style: a page whose only line holds nothing but numbers
+    is drawn again (about 1 page in 11 would otherwise be one)."""
+    while True:
+        lines = {}
+        for row in sorted(rng.sample(range(GRID), rng.randint(1, 4))):
+            alphabet = rng.choice((_LETTERS, _DIGITS, GLYPHS))
+            words = [
+                "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3)))
+                for _ in range(rng.randint(1, 3))
+            ]
+            text = " ".join(words)[:GRID].strip()
+            lines[row] = " " * rng.randint(0, GRID - len(text)) + text
+        only_line = next(iter(lines.values())).split() if len(lines) == 1 else None
+        if not (only_line and all(word.isdigit() for word in only_line)):
+            break
+    paper = tuple(rng.randint(190, 255) for _ in range(3))
+    ink = tuple(rng.randint(0, 100) for _ in range(3))
+    offset = (rng.randint(0, 2), rng.randint(0, 1))
+    return lines, render_grid(lines, paper=paper, ink=ink, offset=offset)
 
 
 @dataclass
