@@ -23,6 +23,7 @@ printed). Visual-ARFT's own code never runs the code.
     python benchmarks/visual_arft.py            # full: 60 steps of 16 prompts x 4, 256 test images
     python benchmarks/visual_arft.py --quick    # under 180 s on an idle 2-core CPU (model cached)
     python benchmarks/visual_arft.py --quick --test-seed 555   # validation images: tune on these
+    python benchmarks/visual_arft.py --quick --freeze-vision   # vision tower fixed during GRPO
 
 Writes benchmarks/results/visual_arft.json with keys acc_before, acc_after, ood_acc_before,
 ood_acc_after, tool_exec_rate_after (plus the details under `details`).
@@ -104,6 +105,12 @@ def main() -> None:
     parser.add_argument(
         "--model", default="tiny-vl", help="the VLM to start from: the preset or a local folder"
     )
+    parser.add_argument(
+        "--freeze-vision",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the vision tower fixed during GRPO (model.freeze_vision); default: the config's",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -114,10 +121,13 @@ def main() -> None:
     if args.model == "tiny-vl":
         ensure_tiny_vl()  # built once and cached; its build time is not part of the benchmark
     build_s = time.perf_counter() - build_start
+    # Only an explicit flag overrides the config's model.freeze_vision.
+    freeze = {} if args.freeze_vision is None else {"model.freeze_vision": args.freeze_vision}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(
             CONFIG,
+            **freeze,
             **{
                 "model.name": args.model,
                 "steps": args.steps,
