@@ -19,9 +19,17 @@ Reported:
 The drafter is not trained online here (`train_drafter` off): on a 2-core CPU a background
 trainer takes cores from the rollout it is timed against; TLT trains on otherwise idle GPUs.
 
+Both sides roll out with one copy of the fp32 policy, in fp32 by default; `--dtype bfloat16`
+makes it a bf16 copy, as RL engines roll out next to an fp32 trainer. On this CPU bf16 decoding
+is memory-bound (oneDNN's AVX512-BF16 kernels: a forward over 5 tokens of one row costs about
+1.15x one token's; fp32's MKL kernels over a few rows are compute-bound, about 1.6x), but bf16
+sums depend on how many tokens a forward holds, so greedy outputs with and without
+speculation can differ where two tokens nearly tie (`greedy_identical` says so).
+
     python benchmarks/long_tail_sd.py                  # smollm2-135m, 8 prompts x 4, 3 repeats
     python benchmarks/long_tail_sd.py --quick          # 4 prompts x 4, 1 repeat, < 180 s
     python benchmarks/long_tail_sd.py --model tiny     # the tiny model beside it
+    python benchmarks/long_tail_sd.py --quick --dtype bfloat16  # bf16 rollouts
 
 Writes benchmarks/results/long_tail_sd.json (other models: long_tail_sd_<model>.json) with keys
 `model`, `tail_speedup`, `rollout_speedup`, `mean_accept_len`, `greedy_identical`.
@@ -30,6 +38,7 @@ Writes benchmarks/results/long_tail_sd.json (other models: long_tail_sd_<model>.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -39,6 +48,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 from rich.table import Table
+from transformers import PreTrainedModel
 
 from leantrain.config import load_config
 from leantrain.generation import Engine, SamplingParams
@@ -77,12 +87,15 @@ def ratio(values: dict[str, float]) -> float | None:
     return values["plain"] / values["speculative"] if min(values.values()) > 0 else None
 
 
-def greedy_identical(run: GRPORun, speculator: Speculator, prompts: int, max_new: int) -> bool:
-    """Greedy rollouts of `prompts` held-out problems match with and without speculation."""
+def greedy_identical(
+    run: GRPORun, model: PreTrainedModel, speculator: Speculator, prompts: int, max_new: int
+) -> bool:
+    """Greedy rollouts of `prompts` held-out problems by `model` match with and without
+    speculation."""
     ids = [encode_prompt(run.tokenizer, ex.prompt) for ex in run.heldout[:prompts]]
     params = SamplingParams(max_new_tokens=max_new, temperature=0)
-    plain = Engine(run.model, run.tokenizer, max_batch_size=len(ids)).generate(ids, params)
-    spec = Engine(run.model, run.tokenizer, max_batch_size=len(ids), speculator=speculator)
+    plain = Engine(model, run.tokenizer, max_batch_size=len(ids)).generate(ids, params)
+    spec = Engine(model, run.tokenizer, max_batch_size=len(ids), speculator=speculator)
     fast = spec.generate(ids, params)
     return [c.response_ids for c in plain] == [c.response_ids for c in fast]
 
@@ -103,12 +116,22 @@ def main() -> None:
     parser.add_argument(
         "--warmup", type=int, default=1, help="untimed speculative rollouts before (bandit)"
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: one per core)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="float32",
+        help="rollout weights: a copy of the fp32 policy in this dtype (both sides)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.repeats = 4, 1
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()
     name = args.model.replace("/", "_")
     out = args.out or RESULTS / (
         "long_tail_sd.json" if args.model == "smollm2-135m" else f"long_tail_sd_{name}.json"
@@ -130,13 +153,19 @@ def main() -> None:
             },
         )
         run = GRPORun(config, progress=False)
+        # Both sides roll out with the same copy of the policy (in bf16 if asked, as vLLM and
+        # SGLang roll out next to an fp32 trainer); the update stays fp32.
+        rollout_model = copy.deepcopy(run.model).to(getattr(torch, args.dtype))
+        run.engine = Engine(rollout_model, run.tokenizer, max_batch_size=config.max_batch_size)
         spec_config = SpeculativeConfig(
             enabled=True, threshold=args.threshold, draft_lengths=args.draft_lengths
         )
-        long_tail = LongTail(spec_config, run.model, run.tokenizer, args.model)
+        long_tail = LongTail(spec_config, rollout_model, run.tokenizer, args.model)
         # The plain side times its tail with a disabled speculator (same threshold, no drafts).
         observer = Speculator(spec_config.model_copy(update={"enabled": False}), {})
-        identical = greedy_identical(run, long_tail.speculator, 8, 64 if args.quick else 128)
+        identical = greedy_identical(
+            run, rollout_model, long_tail.speculator, 8, 64 if args.quick else 128
+        )
 
         # In a run the bandit carries what it learnt from step to step; an untimed rollout
         # (an earlier RL step, other prompts) lets it stop exploring blindly, as it would have.
@@ -168,13 +197,18 @@ def main() -> None:
     tail_rate = {side: tail_tokens[side] / tail[side] if tail[side] else 0.0 for side in runs}
     report = {
         "model": args.model,
+        "rollout_dtype": args.dtype,
+        "threads": args.threads,
         "tail_speedup": ratio(tail),
         "rollout_speedup": ratio(rollout),
         "mean_accept_len": accept,
         "greedy_identical": identical,
     }
 
-    table = Table(title=f"long-tail speculation ({args.model}, {args.prompts}x{args.group_size})")
+    table = Table(
+        title=f"long-tail speculation ({args.model}, {args.dtype} rollouts, "
+        f"{args.prompts}x{args.group_size}, {args.threads} thread(s))"
+    )
     for col in ("", "plain", "speculative", "speedup"):
         table.add_column(col, justify="right")
     rows = (

@@ -5,6 +5,7 @@ draft length 4 on held-out `arith` prompts, so it is deterministic."""
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -66,9 +67,9 @@ def accept_len(model, tok, drafter, prompts) -> float:
 
 def bound_copy(drafter: EagleDrafter, target) -> EagleDrafter:
     """`drafter`'s weights over another target (the changed policy's embedding and lm_head)."""
-    copy = EagleDrafter(target, drafter.vocab)
-    copy.load_state_dict(drafter.state_dict())
-    return copy
+    bound = EagleDrafter(target, drafter.vocab)
+    bound.load_state_dict(drafter.state_dict())
+    return bound
 
 
 def test_trained_drafter_accepts_more_than_untrained(tiny, warm):
@@ -108,6 +109,24 @@ def test_online_drafter_beats_frozen_after_rl(tiny, warm, small_rl_config):
         accept_len(policy, tok, online, prompts),
     )
     assert online_len > frozen_len + 0.5, (online_len, frozen_len)  # measured: 2.73 vs 1.00
+
+
+def test_drafter_of_a_bf16_target_drafts_in_bf16_and_trains_in_fp32(tiny, warm):
+    model, tok = tiny
+    target = copy.deepcopy(model).to(torch.bfloat16)  # a bf16 rollout copy of the policy
+    live = bound_copy(warm[0], target)
+    assert {p.dtype for p in live.parameters()} == {torch.bfloat16}
+    prompts = arith_prompts(tok, 4, seed=5)
+    rollouts = Engine(target, tok).generate(prompts, GREEDY, return_hidden_states=True)
+    buffer = HiddenBuffer(keep_steps=1)
+    buffer.add(0, rollouts)
+    trainer = SpotTrainer(live, buffer)
+    assert {p.dtype for p in trainer.student.parameters()} == {torch.float32}
+    before = live.fc.weight.float().clone()
+    assert trainer.train_steps(20) == 20 and trainer.version == 1
+    assert not torch.equal(live.fc.weight.float(), before)  # the fp32 student's update arrived
+    # It still drafts tokens the bf16 target accepts (lossless whatever the drafter).
+    assert accept_len(target, tok, live, prompts) > 1.5
 
 
 def test_spot_trainer_thread_trains_only_when_idle_and_saves_versions(tiny, warm, tmp_path):

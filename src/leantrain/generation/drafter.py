@@ -39,7 +39,12 @@ class EagleDrafter(torch.nn.Module):
 
     needs_hidden = True
 
-    def __init__(self, target: PreTrainedModel, vocab: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        vocab: torch.Tensor | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         decoder = target.get_decoder()
         if not all(hasattr(decoder, a) for a in ("layers", "norm", "rotary_emb")):
@@ -49,16 +54,18 @@ class EagleDrafter(torch.nn.Module):
             )
         hidden = target.config.hidden_size
         ref = next(target.parameters())
-        self.fc = torch.nn.Linear(
-            2 * hidden, hidden, bias=False, device=ref.device, dtype=ref.dtype
-        )
+        # The drafter drafts in the target's dtype (bf16 small-batch matmuls are cheaper on a
+        # CPU too); the copy that trains asks for fp32 (`SpotTrainer`). The target's embedding,
+        # hiddens and lm_head are cast to this dtype where the drafter reads them.
+        dtype = dtype or ref.dtype
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False, device=ref.device, dtype=dtype)
         with torch.no_grad():
-            eye = torch.eye(hidden, device=ref.device, dtype=ref.dtype)
+            eye = torch.eye(hidden, device=ref.device, dtype=dtype)
             self.fc.weight.copy_(torch.cat([eye, eye], 1))
-        self.layer = copy.deepcopy(decoder.layers[-1])
+        self.layer = copy.deepcopy(decoder.layers[-1]).to(dtype)
         self.layer.self_attn.layer_idx = 0  # the only layer of the drafter's own cache
-        self.norm = copy.deepcopy(decoder.norm)
-        self.rotary = copy.deepcopy(decoder.rotary_emb)
+        self.norm = copy.deepcopy(decoder.norm).to(dtype)
+        self.rotary = copy.deepcopy(decoder.rotary_emb).to(dtype)
         self.requires_grad_(True)
         # Draft vocabulary: the token ids it may propose (None: all). On a CPU the lm_head over
         # SmolLM2's 49k tokens costs a fifth of the whole target forward per draft token; the few
@@ -82,7 +89,8 @@ class EagleDrafter(torch.nn.Module):
         # The target's weights are read detached: the drafter's loss must never leave gradients
         # on the policy, which another thread may be training.
         embed = F.embedding(tokens, self.target.get_input_embeddings().weight.detach())
-        x = self.fc(torch.cat([embed.to(features.dtype), features], -1))[:, None]  # (N, 1, H)
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([embed.to(dtype), features.to(dtype)], -1))[:, None]  # (N, 1, H)
         positions = torch.full((len(tokens), 1), j, device=tokens.device)
         out = self.layer(
             x,
@@ -96,14 +104,16 @@ class EagleDrafter(torch.nn.Module):
         return self.norm(out)[:, 0]
 
     def head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The target's lm_head weight (V', H) and bias, detached, cut to the draft vocabulary."""
+        """The target's lm_head weight (V', H) and bias, detached, cut to the draft vocabulary,
+        in the drafter's dtype."""
         head = self.target.get_output_embeddings()
         weight = head.weight.detach()
         bias = None if head.bias is None else head.bias.detach()
         if self.vocab is not None:
             weight = weight[self.vocab]
             bias = None if bias is None else bias[self.vocab]
-        return weight, bias
+        dtype = self.fc.weight.dtype
+        return weight.to(dtype), None if bias is None else bias.to(dtype)
 
     def logits(
         self,
@@ -113,7 +123,7 @@ class EagleDrafter(torch.nn.Module):
         """fp32 logits (..., V') over the draft vocabulary of (..., H) features; `head` reuses
         a `self.head()` already cut."""
         weight, bias = head if head is not None else self.head()
-        return F.linear(features, weight, bias).float()
+        return F.linear(features.to(weight.dtype), weight, bias).float()
 
     def unroll(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher-forced chain: features (N, H) that sampled tokens[:, 0], tokens (N, k) ->
