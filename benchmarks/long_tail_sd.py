@@ -2,8 +2,9 @@
 adaptive speculation, on the same policy, prompts and seed.
 
 One `GRPORun` on the `arith` task provides the policy, the prompts (`prompts_per_step` x
-`group_size`) and the sampling (temperature 0.7, as RL samples). Each repeat times its rollout
-phase twice, alternating which side goes first: plainly (the engine as is) and with `LongTail`
+`group_size`) and the sampling (temperature 0.7, as RL samples). Each repeat (its own RL step:
+prompts and seed) times its rollout phase twice, alternating which side goes first: plainly (the
+engine as is) and with `LongTail`
 speculation (suffix + cached warm-started EAGLE drafters, bandit-chosen draft length, only while
 at most `threshold` sequences are live). Before timing, `--warmup` untimed speculative rollouts
 of other prompts stand for the earlier RL steps whose rewards the bandit has already seen.
@@ -14,7 +15,9 @@ Reported:
 - mean acceptance length (accepted drafts + 1 per verified row-step);
 - the end-to-end RL step: rollout + scoring + one timed policy update (the update is the same
   on both sides, so it is measured once, after all rollouts, to keep the policy fixed for them);
-- greedy_identical: greedy rollouts with and without speculation match token for token.
+- greedy_identical: greedy rollouts with and without speculation match token for token;
+- tail tokens per second, speculative over plain: the two sides sample different responses
+  (lossless in distribution, not in path), so wall-time ratios also carry their lengths.
 
 The drafter is not trained online here (`train_drafter` off): on a 2-core CPU a background
 trainer takes cores from the rollout it is timed against; TLT trains on otherwise idle GPUs.
@@ -175,10 +178,13 @@ def main() -> None:
         runs: dict[str, list] = {"plain": [], "speculative": []}
         sides = {"plain": observer, "speculative": long_tail.speculator}
         for rep in range(args.repeats):
+            # Each repeat times both sides on its own prompts and seed (an RL step after the
+            # warm-up ones), so the medians are over different samples, not one sample again.
+            step = 0 if rep == 0 else args.warmup + rep
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for side in order:
                 run.engine.speculator = sides[side]
-                runs[side].append(timed_rollout(run, step=0))
+                runs[side].append(timed_rollout(run, step=step))
         start = time.perf_counter()
         trajectories = run.score(*runs["plain"][0].sample)
         run.train_step(trajectories)
@@ -191,7 +197,7 @@ def main() -> None:
         median(f) for f in ("seconds", "tail_s", "tokens", "tail_tokens")
     )
     accept = median("accept_len")["speculative"]
-    step = {side: rollout[side] + update_s for side in runs}
+    rl_step = {side: rollout[side] + update_s for side in runs}
     # Sampling draws different responses on the two sides (lossless in distribution, not in
     # path), so tail lengths differ; tokens per second in the tail is the steadier figure.
     tail_rate = {side: tail_tokens[side] / tail[side] if tail[side] else 0.0 for side in runs}
@@ -203,6 +209,8 @@ def main() -> None:
         "rollout_speedup": ratio(rollout),
         "mean_accept_len": accept,
         "greedy_identical": identical,
+        # speculative / plain tail tokens per second: not skewed by the sides' response lengths
+        "tail_tokens_per_s_speedup": None if ratio(tail_rate) is None else 1 / ratio(tail_rate),
     }
 
     table = Table(
@@ -214,7 +222,7 @@ def main() -> None:
     rows = (
         ("rollout phase s", rollout, ratio(rollout)),
         (f"tail (<= {args.threshold} live) s", tail, ratio(tail)),
-        ("RL step s (rollout + update)", step, ratio(step)),
+        ("RL step s (rollout + update)", rl_step, ratio(rl_step)),
         ("tail tokens/s", tail_rate, None if ratio(tail_rate) is None else 1 / ratio(tail_rate)),
         ("tokens", tokens, None),
         ("tokens in the tail", tail_tokens, None),
