@@ -22,8 +22,8 @@ Reported:
 The drafter is not trained online here (`train_drafter` off): on a 2-core CPU a background
 trainer takes cores from the rollout it is timed against; TLT trains on otherwise idle GPUs.
 
-Both sides roll out with one copy of the fp32 policy, in fp32 by default; `--dtype bfloat16`
-makes it a bf16 copy, as RL engines roll out next to an fp32 trainer. On this CPU bf16 decoding
+Both sides roll out with the fp32 policy by default; `--dtype bfloat16` makes them roll out
+with a bf16 copy of it, as RL engines roll out next to an fp32 trainer. On this CPU bf16 decoding
 is memory-bound (oneDNN's AVX512-BF16 kernels: a forward over 5 tokens of one row costs about
 1.15x one token's; fp32's MKL kernels over a few rows are compute-bound, about 1.6x), but bf16
 sums depend on how many tokens a forward holds, so greedy outputs with and without
@@ -126,7 +126,7 @@ def main() -> None:
         "--dtype",
         choices=("bfloat16", "float32"),
         default="float32",
-        help="rollout weights: a copy of the fp32 policy in this dtype (both sides)",
+        help="rollout weights (both sides): the fp32 policy, or a bf16 copy of it",
     )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -156,9 +156,11 @@ def main() -> None:
             },
         )
         run = GRPORun(config, progress=False)
-        # Both sides roll out with the same copy of the policy (in bf16 if asked, as vLLM and
-        # SGLang roll out next to an fp32 trainer); the update stays fp32.
-        rollout_model = copy.deepcopy(run.model).to(getattr(torch, args.dtype))
+        # Both sides roll out with the same model: the policy, or a bf16 copy of it if asked (as
+        # vLLM and SGLang roll out next to an fp32 trainer); the update stays fp32.
+        rollout_model = (
+            run.model if args.dtype == "float32" else copy.deepcopy(run.model).to(torch.bfloat16)
+        )
         run.engine = Engine(rollout_model, run.tokenizer, max_batch_size=config.max_batch_size)
         spec_config = SpeculativeConfig(
             enabled=True, threshold=args.threshold, draft_lengths=args.draft_lengths
