@@ -2,16 +2,18 @@
 and how often the model's tool calls really run.
 
 The `tiny-vl` preset (a CLIP vision tower + projector in front of the tiny Llama, warm-started on
-generic glyph reading and on rendered receipts; models/tiny_vl.py) is trained with GRPO
-(`configs/tiny-vl-tools.yaml`: decomposed rewards format / answer / tool, multi-turn episodes
-with the Python tool in the sandbox) on a small fixed training set (`--train-pool` receipts,
-drawn over and over for many epochs, as Visual-ARFT trains on tens of examples), then evaluated
-greedily on
+generic glyph reading and on rendered receipts; models/tiny_vl.py) is trained with
+GRPO (`configs/tiny-vl-tools.yaml`: decomposed rewards format / answer / tool, multi-turn
+episodes with the Python tool in the sandbox) on a small fixed training set (`--train-pool`
+images of the config's styles, drawn over and over for many epochs, as Visual-ARFT trains on
+tens of examples), then evaluated greedily on
 
-- in-domain: new receipts (same style, never in the training set);
+- in-domain: new images of the training styles (equally many of each, never in the training
+  set; each style's accuracy is in `details` too);
 - held-out domain: `tags` images (numbers on one line of a tinted card, no header, no item
-  names), a style never trained on, neither by the warm start (its generic reading pages are
-  never a single line of numbers) nor by GRPO.
+  names), a style never trained on, neither by the warm start (its task stage trains receipts,
+  or receipts and tables with `task_styles`, which always have a header, and its generic reading
+  pages are never a single line of numbers) nor by GRPO.
 
 Accuracy is the `answer` reward (exact total). `read` is a probe of where a wrong answer comes
 from: the share of episodes whose first tool call adds exactly the image's numbers (the policy
@@ -46,12 +48,14 @@ from leantrain.config import load_config
 from leantrain.generation import SamplingParams
 from leantrain.models.tiny_vl import ensure_tiny_vl
 from leantrain.rl.grpo import GRPORun, compute_autocast, example_inputs
-from leantrain.tasks import Example, VisualTask
+from leantrain.tasks import Example
+from leantrain.tasks.visual import evaluation_examples
 from leantrain.telemetry.report import write_benchmark_json
 
 CONFIG = Path(__file__).parent.parent / "configs" / "tiny-vl-tools.yaml"
 RESULTS = Path(__file__).parent / "results" / "visual_arft.json"
 _TEST_SEED = 777  # the test sets' seed; the training pool is pool_seed 0 of another stream
+HELD_OUT = "tags"  # the style never trained on
 _CALL = re.compile(r"<python>\nprint\(([0-9+]+)\)\n</python>")  # a call that adds numbers
 
 
@@ -62,9 +66,10 @@ def numbers_read(example: Example, episode_text: str) -> bool:
     return call is not None and call.group(1).split("+") == list(map(str, example.meta["values"]))
 
 
-def evaluate(run: GRPORun, examples: list[Example]) -> dict[str, float]:
+def evaluate(run: GRPORun, examples: list[Example]) -> dict:
     """Greedy episodes on `examples`: mean reward parts, the share whose tool call has the
-    image's numbers (`numbers_read`), and the share of tool calls that ran."""
+    image's numbers (`numbers_read`) and the share of tool calls that ran, over all of them and,
+    under `by_style`, the answer accuracy and `numbers_read` of each style among them."""
     prompts = [example_inputs(run.tokenizer, run.processor, ex)[0] for ex in examples]
     params = SamplingParams(max_new_tokens=run.sampling.max_new_tokens, temperature=0.0)
     with compute_autocast(run.config, run.device):
@@ -72,11 +77,22 @@ def evaluate(run: GRPORun, examples: list[Example]) -> dict[str, float]:
     parts = [run.task.score(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
     calls = [call.outcome for ep in episodes for call in ep.tool_calls]
     read = [numbers_read(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
+    rows_of: dict[str, list[int]] = {}  # style -> its examples' positions
+    for i, ex in enumerate(examples):
+        rows_of.setdefault(ex.meta["style"], []).append(i)
     return {
         **{k: statistics.fmean(p[k] for p in parts) for k in ("format", "answer", "tool")},
         "numbers_read": statistics.fmean(read),
         "tool_calls": len(calls),
         "tool_exec_rate": calls.count("ok") / max(1, len(calls)),
+        "by_style": {
+            style: {
+                "n": len(rows),
+                "answer": statistics.fmean(parts[i]["answer"] for i in rows),
+                "numbers_read": statistics.fmean(read[i] for i in rows),
+            }
+            for style, rows in rows_of.items()
+        },
     }
 
 
@@ -85,8 +101,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="under 180 s on an idle 2-core CPU")
     parser.add_argument("--steps", type=int, default=60, help="GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=16, help="prompts per GRPO step")
-    parser.add_argument("--train-pool", type=int, default=32, help="training receipts")
-    parser.add_argument("--test-size", type=int, default=256, help="test images per domain")
+    parser.add_argument("--train-pool", type=int, default=32, help="training images")
+    parser.add_argument(
+        "--test-size",
+        type=int,
+        default=256,
+        help="test images per domain (in-domain: split evenly over the training styles)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -141,10 +162,18 @@ def main() -> None:
             },
         )
         run = GRPORun(config, progress=True)
+        train_styles = run.task.styles
+        if HELD_OUT in train_styles:
+            parser.error(f"the config trains on {HELD_OUT!r}, the held-out style: nothing held out")
         options = {k: v for k, v in config.task.options.items() if k not in ("style", "pool")}
+        per_style = args.test_size // len(train_styles)
         tests = {
-            domain: VisualTask(style=style, **options).examples(args.test_size, args.test_seed)
-            for domain, style in (("in_domain", "receipt"), ("held_out", "tags"))
+            "in_domain": [
+                ex
+                for style in train_styles
+                for ex in evaluation_examples(style, per_style, args.test_seed, **options)
+            ],
+            "held_out": evaluation_examples(HELD_OUT, args.test_size, args.test_seed, **options),
         }
         before = {domain: evaluate(run, examples) for domain, examples in tests.items()}
         summary = run.run()
@@ -153,8 +182,10 @@ def main() -> None:
     calls_after = sum(after[d]["tool_calls"] for d in after)
     ran_after = sum(after[d]["tool_exec_rate"] * after[d]["tool_calls"] for d in after)
 
+    trained_on = " + ".join(train_styles)
     table = Table(
-        title=f"Visual-ARFT, tiny-vl: {args.steps} GRPO steps on {args.train_pool} receipts"
+        title=f"Visual-ARFT, tiny-vl: {args.steps} GRPO steps on {args.train_pool} images "
+        f"({trained_on})"
     )
     columns = ("test set", "n", "acc before", "acc after", "change", "read before", "read after")
     for col in (*columns, "format after", "calls run"):
@@ -163,7 +194,7 @@ def main() -> None:
         b, a = before[domain], after[domain]
         table.add_row(
             domain.replace("_", "-"),
-            str(args.test_size),
+            str(len(tests[domain])),
             f"{b['answer']:.1%}",
             f"{a['answer']:.1%}",
             f"{(a['answer'] - b['answer']) * 100:+.1f}",
@@ -172,7 +203,21 @@ def main() -> None:
             f"{a['format']:.1%}",
             f"{a['tool_exec_rate']:.1%}",
         )
-    Console().print(table)
+        if len(b["by_style"]) > 1:
+            for style, bs in b["by_style"].items():
+                a_s = a["by_style"][style]
+                table.add_row(
+                    f"  {style}",
+                    str(bs["n"]),
+                    f"{bs['answer']:.1%}",
+                    f"{a_s['answer']:.1%}",
+                    f"{(a_s['answer'] - bs['answer']) * 100:+.1f}",
+                    f"{bs['numbers_read']:.1%}",
+                    f"{a_s['numbers_read']:.1%}",
+                    "",
+                    "",
+                )
+    Console(width=120).print(table)  # wide enough for the style rows, in a pipe too
     print("read: the first tool call adds exactly the image's numbers; format: the episode's shape")
     grpo_s = summary["seconds_total"]
     print(f"total {seconds:.0f} s (GRPO {grpo_s:.0f} s); model build or load {build_s:.1f} s")
@@ -193,6 +238,8 @@ def main() -> None:
                 "model": config.model.name,
                 "steps": args.steps,
                 "train_pool": args.train_pool,
+                "train_styles": list(train_styles),
+                "held_out_style": HELD_OUT,
                 "test_size": args.test_size,
                 "prompts_per_step": config.grpo.prompts_per_step,
                 "group_size": config.grpo.group_size,

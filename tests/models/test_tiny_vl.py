@@ -23,6 +23,7 @@ from leantrain.models.tiny_vl import (
     build_tiny_vl,
     episode_accuracy,
     glyph_accuracy,
+    tiny_vl_dir,
     tiny_vl_model,
 )
 from leantrain.models.vision import encode_image_prompt, load_processor
@@ -80,19 +81,29 @@ def test_the_language_model_is_the_base_model(saved_vlm, tiny_path):
 
 def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     recipe = VisionWarmStartRecipe(
-        glyph_steps=2, glyph_batch=2, task_steps=2, task_batch=2, read_batch=2
+        glyph_steps=2,
+        glyph_batch=2,
+        task_styles=("receipt", "table"),
+        task_steps=2,
+        task_batch=2,
+        read_batch=2,
     )
     info = build_tiny_vl(tiny_path, tmp_path / "built", recipe, progress=False)
     assert set(info["final_loss"]) == {"glyphs", "task"}
-    assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "tags"}
+    assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "table", "tags"}
     saved = json.loads((tmp_path / "built" / "build.json").read_text())
     assert saved["recipe"]["glyph_steps"] == 2
     assert saved["task_steps_taken"] == 2  # the first stop check comes at step 20
-    assert 0.0 <= saved["validation_receipt_accuracy"] <= 1.0
+    # The stop check's validation images are of both training styles, never the held-out one.
+    assert set(saved["validation_task_accuracy"]) == {"receipt", "table"}
+    assert all(0.0 <= acc <= 1.0 for acc in saved["validation_task_accuracy"].values())
     model, _ = load_model(tmp_path / "built")
     assert isinstance(model, LlavaForConditionalGeneration)
     assert load_processor(tmp_path / "built").image_token == "<image>"
     assert "tiny-vl" in PRESETS
+    # Another set of training styles is another build: it never reuses the default's folder.
+    assert tiny_vl_dir(recipe) != tiny_vl_dir(VisionWarmStartRecipe())
+    assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=("receipt",))) == tiny_vl_dir()
 
 
 def test_glyph_loss_is_lowest_on_the_embedding_rows_and_asks_for_a_margin():

@@ -5,7 +5,15 @@ import pytest
 
 from leantrain.errors import LeantrainError
 from leantrain.tasks import make_task
-from leantrain.tasks.visual import CELL, GRID, VisualTask, reading_page, text_grid, transcript
+from leantrain.tasks.visual import (
+    CELL,
+    GRID,
+    VisualTask,
+    evaluation_examples,
+    reading_page,
+    text_grid,
+    transcript,
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +25,7 @@ def _pixels(ex) -> bytes:
     return ex.meta["image"].tobytes()
 
 
-@pytest.mark.parametrize("style", ["receipt", "tags"])
+@pytest.mark.parametrize("style", ["receipt", "table", "tags", ("receipt", "table")])
 def test_rendering_is_deterministic_for_a_seed(style):
     task = VisualTask(style=style)
     first, again = task.examples(6, seed=11), task.examples(6, seed=11)
@@ -27,7 +35,7 @@ def test_rendering_is_deterministic_for_a_seed(style):
     assert [_pixels(a) for a in first] != [_pixels(b) for b in other]
 
 
-@pytest.mark.parametrize("style", ["receipt", "tags"])
+@pytest.mark.parametrize("style", ["receipt", "table", "tags"])
 def test_each_glyph_fills_one_cell_and_the_image_carries_the_numbers(style):
     for ex in VisualTask(style=style).examples(20, seed=3):
         image = np.asarray(ex.meta["image"]).astype(int)  # (64, 64, 3)
@@ -40,10 +48,10 @@ def test_each_glyph_fills_one_cell_and_the_image_carries_the_numbers(style):
             inked = (np.abs(patch - paper).sum(-1) > 60).any()
             assert inked == (char != " "), (style, index, char)
         # The numbers to add are in the image, in reading order, and sum to the answer.
-        text = "".join(cells)
         values = ex.meta["values"]
         assert sum(values) == int(ex.answer)
-        assert all(f" {v}" in f" {text}" for v in values)
+        assert [int(w) for w in transcript(cells).split() if w.isdigit()] == values
+        assert ex.meta["style"] == style
 
 
 def test_tags_and_receipts_are_different_styles():
@@ -52,6 +60,59 @@ def test_tags_and_receipts_are_different_styles():
     assert "RECEIPT" in "".join(receipt.meta["cells"])
     assert "RECEIPT" not in "".join(tags.meta["cells"])
     assert receipt.prompt == tags.prompt == "<image>total?\n"
+
+
+def _is_tags_like(cells: list[str]) -> bool:
+    """The held-out style's definition: a page whose only line holds nothing but numbers."""
+    lines = transcript(cells).split("\n")
+    return len(lines) == 1 and all(word.isdigit() for word in lines[0].split())
+
+
+def test_tables_are_a_header_then_rows_of_one_to_three_numbers_never_a_tags_card():
+    examples = VisualTask(style="table").examples(200, seed=8)
+    numbers_per_row = set()
+    for ex in examples:
+        header, *rows = transcript(ex.meta["cells"]).split("\n")
+        assert header == "TABLE"
+        assert [int(w) for row in rows for w in row.split()] == ex.meta["values"]
+        numbers_per_row |= {len(row.split()) for row in rows}
+        assert not _is_tags_like(ex.meta["cells"])
+        # Black ink on off-white paper, as receipts: the ink and paper are not the cards'.
+        colours = {colour for _, colour in ex.meta["image"].getcolors()}
+        paper = max(ex.meta["image"].getcolors())[1]
+        assert (0, 0, 0) in colours and min(paper) >= 220
+    assert numbers_per_row == {1, 2, 3}  # lines of several numbers are trained, not only one
+
+
+def test_a_style_mix_is_deterministic_covers_its_styles_and_keeps_single_styles_as_they_were():
+    mixed = VisualTask(style=("receipt", "table"))
+    drawn = mixed.examples(40, seed=4)
+    styles = [ex.meta["style"] for ex in drawn]
+    assert styles == [ex.meta["style"] for ex in mixed.examples(40, seed=4)]
+    assert 10 <= styles.count("table") <= 30 and set(styles) == {"receipt", "table"}
+    # Each example's style is drawn with its own rng: a pool of the mix is fixed per pool seed.
+    pooled = VisualTask(style=("receipt", "table"), pool=6, pool_seed=1)
+    assert {_pixels(ex) for ex in pooled.examples(50, 0)} == {
+        _pixels(ex) for ex in pooled.examples(50, 3)
+    }
+    # A single style (named alone or in a list) draws no style: the images it always gave.
+    receipts = VisualTask(style="receipt").examples(5, seed=4)
+    assert [_pixels(ex) for ex in VisualTask(style=["receipt"]).examples(5, seed=4)] == [
+        _pixels(ex) for ex in receipts
+    ]
+    # No training page of the mix is a tags card.
+    assert not any(_is_tags_like(ex.meta["cells"]) for ex in mixed.examples(200, seed=5))
+
+
+def test_evaluation_sets_keep_the_earlier_receipts_and_tags_and_give_tables_their_own_numbers():
+    for style in ("receipt", "tags"):
+        assert [_pixels(ex) for ex in evaluation_examples(style, 4, 555)] == [
+            _pixels(ex) for ex in VisualTask(style=style).examples(4, 555)
+        ]
+    receipts = evaluation_examples("receipt", 20, 555)
+    tables = evaluation_examples("table", 20, 555, max_value=30)
+    assert {ex.meta["style"] for ex in tables} == {"table"}
+    assert [ex.meta["values"] for ex in receipts] != [ex.meta["values"] for ex in tables]
 
 
 def test_worked_solutions_score_full_marks(task):
@@ -106,13 +167,16 @@ def test_options_are_checked():
     assert make_task("visual", style="tags", max_items="2").max_items == 2
     for bad in (
         {"style": "clock"},
+        {"style": ["receipt", "clock"]},
+        {"style": []},
         {"max_items": 4},
         {"max_value": 100},
         {"min_items": 0},
         {"pool": -1},
     ):
-        with pytest.raises(LeantrainError, match="visual"):
+        with pytest.raises(LeantrainError, match="visual") as error:
             make_task("visual", **bad)
+        assert f"{next(iter(bad))}=" in str(error.value)  # names the field
 
 
 def test_transcript_reads_rows_top_to_bottom_one_space_between_words():

@@ -16,13 +16,16 @@ Two warm-start stages:
    the squared distance alone and its tower misread half of the inked cells; this one reads all
    of them, on receipts and on the held-out tags: `glyph_accuracy`, recorded in `build.json`.)
 2. Task. The projector and the LM (the vision tower stays as stage 1 left it) are fine-tuned on
-   worked `visual` episodes of the in-domain `receipt` style (never the held-out `tags` style),
-   loss on the model's turns only (the environment's reply is read, never trained on), as
-   `tiny-tools` is on `tool_arith`, and stopped once greedy decoding solves `task_stop_accuracy`
-   of the validation receipts, so that GRPO has room. `read_batch` > 0 mixes generic
-   transcription into every batch (random pages of random glyph words at random rows and
+   worked `visual` episodes of the in-domain styles `task_styles` (receipts; never the held-out
+   `tags` style), loss on the model's turns only (the environment's reply is read, never trained
+   on), as `tiny-tools` is on `tool_arith`, and stopped once greedy decoding solves
+   `task_stop_accuracy` of validation images of those styles, so that GRPO has room.
+   `task_styles=("receipt", "table")` adds tables, whose rows hold one to three numbers (a
+   receipt's lines hold one, and the receipts-only LM reads a held-out line of three numbers as
+   two); measured, and not the default: see `task_styles`. `read_batch` > 0 mixes
+   generic transcription into every batch (random pages of random glyph words at random rows and
    columns, `<image>read?` -> what they say; an OCR signal, as real VLMs get, never the
-   `total?` question on anything but receipts); off by default, see `read_batch`.
+   `total?` question on a held-out style); off by default, see `read_batch`.
 
 Built on first use, cached under `$LEANTRAIN_HOME/models/` as an ordinary Hugging Face folder with
 its processor (`AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(folder)`), one
@@ -65,7 +68,9 @@ from leantrain.tasks.visual import (
     IMAGE_SIZE,
     IMAGE_TOKEN,
     READ_QUESTION,
+    STYLES,
     VisualTask,
+    evaluation_examples,
     reading_page,
     render_grid,
     text_grid,
@@ -94,8 +99,15 @@ class VisionWarmStartRecipe:
             smaller asks for a wider margin between a feature's own character and the others.
         glyph_mse_weight: weight of the squared distance to the character's embedding against
             that cross-entropy; high enough that features land on the rows, not just nearest.
+        task_styles: the `visual` styles stage 2 trains on (each episode draws one). Never
+            `tags`: the benchmark's held-out domain. Receipts only by default: with tables
+            too (a build that stopped at 360 steps), the held-out line-of-three misreads halved
+            (53 -> 25 of 128 validation tags) but exact reads stayed at 11 of 128, and GRPO
+            from it lowered held-out accuracy on validation images (quick runs -1.6 and -3.1,
+            the full run -3.5; docs/benchmarks.md). A non-default value gets its own cache
+            folder (`tiny_vl_dir`).
         task_steps: most stage 2 (task) optimizer steps, projector and LM.
-        task_batch: worked receipt episodes per task step.
+        task_batch: worked episodes per task step.
         read_batch: random pages per task step, each to transcribe (`read?`): generic reading
             of every word wherever it is. Measured, and off by default: a reading stage of its
             own barely learned in 300 steps (loss 3.7 -> 2.9) and left the task stage worse off;
@@ -104,12 +116,13 @@ class VisionWarmStartRecipe:
             (one run of six gained on both; the runs are in docs/benchmarks.md).
         task_lr: stage 2 AdamW learning rate.
         task_stop_accuracy: stage 2 stops once greedy decoding solves this share of validation
-            receipts (checked exactly, by teacher forcing), or after `task_steps` steps: a
-            start GRPO can improve on. Where a fixed step count lands moves with the data order
-            (with pages mixed in, 400 steps gave 35% in one build and 9% in another).
+            images, equally many of each of `task_styles` (checked exactly, by teacher
+            forcing), or after `task_steps` steps: a start GRPO can improve on. Where a fixed
+            step count lands moves with the data order (with pages mixed in, 400 steps gave 35%
+            in one build and 9% in another).
         stop_check_every: steps between those checks.
-        stop_check_size: validation receipts in each check.
-        max_value: largest number on a training receipt (`configs/tiny-vl-tools.yaml` uses the
+        stop_check_size: validation images in each check (split evenly over `task_styles`).
+        max_value: largest number on a training image (`configs/tiny-vl-tools.yaml` uses the
             same).
     """
 
@@ -121,6 +134,7 @@ class VisionWarmStartRecipe:
     glyph_lr: float = 3e-3
     glyph_temperature: float = 0.01
     glyph_mse_weight: float = 300.0
+    task_styles: tuple[str, ...] = ("receipt",)
     task_steps: int = 800
     task_batch: int = 16
     read_batch: int = 0
@@ -132,7 +146,11 @@ class VisionWarmStartRecipe:
 
 
 def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path:
-    return leantrain_home() / "models" / f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}"
+    """The cache folder of `recipe`'s build: the recipe version and seed, and the training
+    styles when they are not the default."""
+    styles = "" if recipe.task_styles == ("receipt",) else "-" + "+".join(recipe.task_styles)
+    name = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}{styles}"
+    return leantrain_home() / "models" / name
 
 
 def ensure_tiny_vl(
@@ -261,7 +279,7 @@ def episode_accuracy(
 
 
 def _probe_images(style: str) -> list[Example]:
-    return VisualTask(style=style).examples(64, _PROBE_SEED)
+    return evaluation_examples(style, 64, _PROBE_SEED)
 
 
 def _sequence_batch(
@@ -304,11 +322,15 @@ def _reading_rows(rng: random.Random, n: int) -> list:
 def _episode_rows(task: VisualTask, rng: random.Random, n: int) -> list:
     """`n` worked episodes (prompt, model turn, environment reply, model turn), trained on the
     model's turns only: the environment's reply is read, never trained on."""
-    rows = []
-    for _ in range(n):
-        ex = task.sample(rng)
-        rows.append((ex.prompt, ex.meta["image"], worked_turns(ex.meta["expression"], ex.answer)))
-    return rows
+    return _worked_rows([task.sample(rng) for _ in range(n)])
+
+
+def _worked_rows(examples: list[Example]) -> list:
+    """The worked episode of each example, as `_episode_rows` makes them."""
+    return [
+        (ex.prompt, ex.meta["image"], worked_turns(ex.meta["expression"], ex.answer))
+        for ex in examples
+    ]
 
 
 def build_tiny_vl(
@@ -325,7 +347,7 @@ def build_tiny_vl(
     glyph_rows = model.get_input_embeddings().weight.detach()[cell_ids]  # (C, H), fixed targets
     tower, projector = model.model.vision_tower, model.model.multi_modal_projector
     lm = model.model.language_model
-    task = VisualTask(style="receipt", max_value=recipe.max_value)
+    task = VisualTask(style=recipe.task_styles, max_value=recipe.max_value)
 
     def glyph_loss() -> torch.Tensor:
         pixels, targets = _glyph_batch(processor, rng, recipe.glyph_batch)
@@ -340,7 +362,14 @@ def build_tiny_vl(
         rows = _episode_rows(task, rng, recipe.task_batch) + _reading_rows(rng, recipe.read_batch)
         return sequence_loss(rows)
 
-    validation = _episode_rows(task, random.Random(_PROBE_SEED), recipe.stop_check_size)
+    per_style = max(1, recipe.stop_check_size // len(recipe.task_styles))
+    validation = {
+        style: _worked_rows(
+            evaluation_examples(style, per_style, _PROBE_SEED, max_value=recipe.max_value)
+        )
+        for style in recipe.task_styles
+    }
+    validation_rows = [row for rows in validation.values() for row in rows]
     losses: dict[str, float] = {}
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task(
@@ -375,11 +404,11 @@ def build_tiny_vl(
         # What the vision side reads before the LM learns the task (validation images).
         glyphs_read = {
             style: round(glyph_accuracy(model, processor, _probe_images(style)), 3)
-            for style in ("receipt", "tags")
+            for style in STYLES
         }
         # The vision tower stays as the glyph stage made it: generic, not receipt-specific. The
         # task stage stops once greedy decoding solves `task_stop_accuracy` of the validation
-        # receipts: where that happens moves with the data order, the accuracy does not.
+        # images: where that happens moves with the data order, the accuracy does not.
         task_steps = train(
             "task",
             [projector, lm],
@@ -387,10 +416,13 @@ def build_tiny_vl(
             recipe.task_steps,
             task_loss,
             stop=lambda: (
-                episode_accuracy(model, processor, validation) >= recipe.task_stop_accuracy
+                episode_accuracy(model, processor, validation_rows) >= recipe.task_stop_accuracy
             ),
         )
-        start_accuracy = episode_accuracy(model, processor, validation)
+        start_accuracy = {
+            style: round(episode_accuracy(model, processor, rows), 3)
+            for style, rows in validation.items()
+        }
     model.requires_grad_(True).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -402,7 +434,7 @@ def build_tiny_vl(
         "final_loss": {k: round(v, 4) for k, v in losses.items()},
         "glyph_accuracy_after_glyphs": glyphs_read,
         "task_steps_taken": task_steps,
-        "validation_receipt_accuracy": round(start_accuracy, 3),
+        "validation_task_accuracy": start_accuracy,
         "train_cpu_seconds": round(time.process_time() - start, 1),
         "parameters": sum(p.numel() for p in model.parameters()),
     }

@@ -9,9 +9,12 @@ agentic coding setting, sized for the built-in tiny VLM).
              "\\n<output>\\n19\\n</output>\\n"          environment: the sandbox's stdout
              "answer: 19"                               model turn 2, then EOS
 
-Two styles: `receipt` (the in-domain one: a header, then item lines with their prices,
-black ink on off-white paper) and `tags` (the held-out domain, never trained on: the numbers on
-one line at a random row and column, coloured ink on a tinted card, no header, no item names).
+Three styles. In-domain (styles to train on): `receipt` (a header, then item lines with their
+prices) and `table` (a header, then rows of one to three space-separated numbers), both black
+ink on off-white paper. Held out (never trained on): `tags` (the numbers on one line at a
+random row and column, coloured ink on a tinted card, no header, no item names). `style` may
+name several styles: each example then draws its own with the example's rng, as Visual-ARFT
+trains on several kinds of images.
 Every glyph sits in its own 8x8 cell, so a vision patch of the same size sees exactly one glyph.
 Rendering uses Pillow's built-in bitmap font only, so a seed gives the same pixels everywhere.
 
@@ -31,7 +34,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -53,15 +55,25 @@ GRID = 8  # cells per side: a 64x64 image
 IMAGE_SIZE = CELL * GRID
 QUESTION = "total?"
 READ_QUESTION = "read?"  # generic transcription (the warm start's reading stage); not a task
-STYLES = ("receipt", "tags")
-Style = Literal["receipt", "tags"]
+STYLES = ("receipt", "table", "tags")
 # Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
 # reach into the cell below.
 GLYPHS = "0123456789ABCDEFGHIJKLMNOPRSTUVWXYZ?+"
 _LETTERS = "ABCDEFGHIJKLMNOPRSTUVWXYZ"
 _DIGITS = "0123456789"
+_TABLE_HEADER = "TABLE"
 
 _POOL_STRIDE = 1_000_003  # pool example i of pool_seed s renders from seed s * stride + i
+# Evaluation sets of a seed: receipts and tags render from the seed itself (the sets every earlier
+# run used), a style added later from a stream of its own, so that its numbers are not the
+# receipts'.
+_EVAL_STREAM = {"receipt": 0, "tags": 0, "table": 1}
+
+
+def _off_white(rng: random.Random) -> tuple[int, int, int]:
+    """The paper of receipts and tables: light grey to slightly yellow."""
+    shade = rng.randint(235, 255)
+    return (shade, shade, shade - rng.randint(0, 15))
 
 
 def glyph_font() -> ImageFont.ImageFont:
@@ -138,12 +150,20 @@ def reading_page(rng: random.Random) -> tuple[dict[int, str], Image.Image]:
     return lines, render_grid(lines, paper=paper, ink=ink, offset=offset)
 
 
+def evaluation_examples(style: str, n: int, seed: int, **options: object) -> list[Example]:
+    """`n` examples of `style` for the evaluation seed `seed` (validation or test images), with
+    `VisualTask` `options`; each style from its own stream (`_EVAL_STREAM`)."""
+    stream = seed + _EVAL_STREAM[style] * _POOL_STRIDE
+    return VisualTask(style=style, **options).examples(n, stream)
+
+
 @dataclass
 class VisualTask(Task):
     """Add up the numbers in a rendered image with the Python tool.
 
     Attributes:
-        style: `receipt` (in-domain) or `tags` (the held-out domain).
+        style: `receipt` or `table` (in-domain) or `tags` (the held-out domain), or a list of
+            styles to draw each example's from (with the example's rng).
         min_items: fewest numbers in an image.
         max_items: most numbers in an image (at most 3: one line of tags must fit 8 cells).
         max_value: largest number (1..99: two glyphs at most).
@@ -156,7 +176,7 @@ class VisualTask(Task):
         pool_seed: which fixed set `pool` draws from.
     """
 
-    style: Style = "receipt"
+    style: str | tuple[str, ...] = "receipt"
     min_items: int = 2
     max_items: int = 3
     max_value: int = 30
@@ -174,7 +194,7 @@ class VisualTask(Task):
 
     def __post_init__(self) -> None:
         checks = {
-            "style": self.style in STYLES,
+            "style": bool(self.styles) and set(self.styles) <= set(STYLES),
             "min_items": 1 <= self.min_items <= self.max_items,
             "max_items": 1 <= self.max_items <= 3,
             "max_value": 1 <= self.max_value <= 99,
@@ -187,14 +207,20 @@ class VisualTask(Task):
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise LeantrainError(
-                f"visual: invalid {bad[0]}={getattr(self, bad[0])!r} (need style in {STYLES}, "
-                "1 <= min_items <= max_items <= 3, 1 <= max_value <= 99, max_turns >= 1, "
-                "episode_tokens >= 1, timeout_s > 0, max_output_chars >= 1, pool >= 0)"
+                f"visual: invalid {bad[0]}={getattr(self, bad[0])!r} (need style one of "
+                f"{STYLES} or a list of them, 1 <= min_items <= max_items <= 3, "
+                "1 <= max_value <= 99, max_turns >= 1, episode_tokens >= 1, "
+                "timeout_s > 0, max_output_chars >= 1, pool >= 0)"
             )
         # The tool side is tool_arith's: the same sandbox call and reply format.
         self._tools = ToolArithTask(
             timeout_s=self.timeout_s, max_output_chars=self.max_output_chars
         )
+
+    @property
+    def styles(self) -> tuple[str, ...]:
+        """The styles examples are drawn from (one, or several to pick from)."""
+        return (self.style,) if isinstance(self.style, str) else tuple(self.style)
 
     def sample(self, rng: random.Random) -> Example:
         if self.pool:
@@ -204,12 +230,16 @@ class VisualTask(Task):
         return self._render(rng)
 
     def _render(self, rng: random.Random) -> Example:
-        """One example drawn from `rng`: its numbers, layout, colours and image."""
+        """One example drawn from `rng`: its style (when there are several to pick from), numbers,
+        layout, colours and image. A single style draws nothing for it, so its examples stay the
+        ones it always rendered for a seed."""
+        style = rng.choice(self.styles) if len(self.styles) > 1 else self.styles[0]
         values = [
             rng.randint(1, self.max_value)
             for _ in range(rng.randint(self.min_items, self.max_items))
         ]
-        lines, paper, ink = (self._receipt if self.style == "receipt" else self._tags)(values, rng)
+        layout = {"receipt": self._receipt, "table": self._table, "tags": self._tags}[style]
+        lines, paper, ink = layout(values, rng)
         offset = (rng.randint(0, 2), rng.randint(0, 1))
         expression = "+".join(map(str, values))
         answer = str(sum(values))
@@ -219,7 +249,7 @@ class VisualTask(Task):
             solution="".join(text for text, _ in worked_turns(expression, answer)),
             meta={
                 "image": render_grid(lines, paper=paper, ink=ink, offset=offset),
-                "style": self.style,
+                "style": style,
                 "values": values,
                 "expression": expression,
                 "cells": text_grid(lines),
@@ -239,8 +269,28 @@ class VisualTask(Task):
             item = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(1, 3)))
             price = str(value)
             lines[row] = item.ljust(GRID - 2) + price.rjust(2) if in_column else f"{item} {price}"
-        shade = rng.randint(235, 255)
-        return lines, (shade, shade, shade - rng.randint(0, 15)), (0, 0, 0)
+        return lines, _off_white(rng), (0, 0, 0)
+
+    @staticmethod
+    def _table(
+        values: list[int], rng: random.Random
+    ) -> tuple[dict[int, str], tuple[int, int, int], tuple[int, int, int]]:
+        """A `TABLE` header at a random row and column, then the values in reading order on
+        consecutive rows of one to three space-separated numbers (each row from a random
+        column): black on off-white paper. Rows of several numbers are the point (receipts only
+        ever have one number per line); the header makes sure a table is never a tags card."""
+        rows = [[values[0]]]
+        for value in values[1:]:
+            if rng.random() < 0.5:  # len(values) <= 3, so a row never holds more than three
+                rows[-1].append(value)
+            else:
+                rows.append([value])
+        top = rng.randint(0, GRID - 1 - len(rows))
+        lines = {top: " " * rng.randint(0, GRID - len(_TABLE_HEADER)) + _TABLE_HEADER}
+        for row, numbers in enumerate(rows, start=top + 1):
+            text = " ".join(map(str, numbers))
+            lines[row] = " " * rng.randint(0, GRID - len(text)) + text
+        return lines, _off_white(rng), (0, 0, 0)
 
     @staticmethod
     def _tags(
