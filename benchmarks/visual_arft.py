@@ -26,6 +26,7 @@ printed). Visual-ARFT's own code never runs the code.
     python benchmarks/visual_arft.py --quick    # under 180 s on an idle 2-core CPU (model cached)
     python benchmarks/visual_arft.py --quick --test-seed 555   # validation images: tune on these
     python benchmarks/visual_arft.py --quick --freeze-vision   # vision tower fixed during GRPO
+    python benchmarks/visual_arft.py --quick --train-styles receipt,table   # GRPO on both styles
 
 Writes benchmarks/results/visual_arft.json with keys acc_before, acc_after, ood_acc_before,
 ood_acc_after, tool_exec_rate_after (plus the details under `details`).
@@ -132,6 +133,12 @@ def main() -> None:
         default=None,
         help="keep the vision tower fixed during GRPO (model.freeze_vision); default: the config's",
     )
+    parser.add_argument(
+        "--train-styles",
+        default=None,
+        help="comma-separated styles GRPO trains on and in-domain is tested on (e.g. "
+        "receipt,table); default: the config's task.options.style",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -142,13 +149,15 @@ def main() -> None:
     if args.model == "tiny-vl":
         ensure_tiny_vl()  # built once and cached; its build time is not part of the benchmark
     build_s = time.perf_counter() - build_start
-    # Only an explicit flag overrides the config's model.freeze_vision.
-    freeze = {} if args.freeze_vision is None else {"model.freeze_vision": args.freeze_vision}
+    # Only an explicit flag overrides the config (model.freeze_vision, task.options.style).
+    overrides = {} if args.freeze_vision is None else {"model.freeze_vision": args.freeze_vision}
+    if args.train_styles is not None:
+        overrides["task.options.style"] = args.train_styles.split(",")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(
             CONFIG,
-            **freeze,
+            **overrides,
             **{
                 "model.name": args.model,
                 "steps": args.steps,

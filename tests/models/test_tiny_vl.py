@@ -15,6 +15,7 @@ from transformers import AutoProcessor, LlamaForCausalLM, LlavaForConditionalGen
 from leantrain.models import PRESETS, load_model
 from leantrain.models.finetune import IGNORE
 from leantrain.models.tiny_vl import (
+    TINY_VL_RECIPE_VERSION,
     VisionWarmStartRecipe,
     _episode_rows,
     _glyph_loss,
@@ -84,12 +85,14 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
         glyph_steps=2,
         glyph_batch=2,
         task_styles=("receipt", "table"),
+        reading_steps=2,
+        reading_batch=2,
         task_steps=2,
         task_batch=2,
         read_batch=2,
     )
     info = build_tiny_vl(tiny_path, tmp_path / "built", recipe, progress=False)
-    assert set(info["final_loss"]) == {"glyphs", "task"}
+    assert set(info["final_loss"]) == {"glyphs", "reading", "task"}
     assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "table", "tags"}
     saved = json.loads((tmp_path / "built" / "build.json").read_text())
     assert saved["recipe"]["glyph_steps"] == 2
@@ -97,6 +100,10 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     # The stop check's validation images are of both training styles, never the held-out one.
     assert set(saved["validation_task_accuracy"]) == {"receipt", "table"}
     assert all(0.0 <= acc <= 1.0 for acc in saved["validation_task_accuracy"].values())
+    # Exact transcriptions of validation pages, after the reading stage and after the task.
+    pages = saved["validation_pages_transcribed"]
+    assert set(pages) == {"before_task", "after_task"}
+    assert all(0.0 <= share <= 1.0 for share in pages.values())
     model, _ = load_model(tmp_path / "built")
     assert isinstance(model, LlavaForConditionalGeneration)
     assert load_processor(tmp_path / "built").image_token == "<image>"
@@ -104,6 +111,10 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     # Another set of training styles is another build: it never reuses the default's folder.
     assert tiny_vl_dir(recipe) != tiny_vl_dir(VisionWarmStartRecipe())
     assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=("receipt",))) == tiny_vl_dir()
+    # So is a build with a reading stage or with pages mixed into the task stage.
+    version = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed0"
+    assert tiny_vl_dir(recipe).name == f"{version}-receipt+table-read2-pages2"
+    assert tiny_vl_dir().name == version
 
 
 def test_glyph_loss_is_lowest_on_the_embedding_rows_and_asks_for_a_margin():

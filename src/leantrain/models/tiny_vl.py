@@ -27,6 +27,11 @@ Two warm-start stages:
    columns, `<image>read?` -> what they say; an OCR signal, as real VLMs get, never the
    `total?` question on a held-out style); off by default, see `read_batch`.
 
+Optionally (`reading_steps` > 0), a reading stage between the two: the projector and the LM learn
+to transcribe those random pages on their own, OCR pretraining as real VLMs get before task
+tuning (LLaVA's stage 1). It takes about 1000 steps before the transcription loss leaves its
+plateau; measured, and not the default: see `reading_steps`.
+
 Built on first use, cached under `$LEANTRAIN_HOME/models/` as an ordinary Hugging Face folder with
 its processor (`AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(folder)`), one
 builder at a time through a staging folder. `tiny_vl_model` builds an untrained one in
@@ -79,6 +84,7 @@ from leantrain.tasks.visual import (
 
 _CELL_CHARS = GLYPHS + " "  # what a cell can hold: a glyph or nothing
 _PROBE_SEED = 555  # validation images, never the benchmark's test seed (777)
+_READ_CHECK_PAGES = 128  # validation pages whose exact transcription build.json records
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
 TINY_VL_RECIPE_VERSION = 3
@@ -106,14 +112,30 @@ class VisionWarmStartRecipe:
             from it lowered held-out accuracy on validation images (quick runs -1.6 and -3.1,
             the full run -3.5; docs/benchmarks.md). A non-default value gets its own cache
             folder (`tiny_vl_dir`).
+        reading_steps: optimizer steps of an optional reading stage between the glyph and the
+            task stages (0: none): the projector and the LM learn to transcribe random pages
+            (`read?`, `reading_batch` pages a step), generic OCR pretraining as real VLMs get
+            before task tuning. Its exact transcription rate on validation pages is in
+            `build.json`. The loss sits near 2.8 for about 1000 steps (lr 1e-3), then falls
+            (0.35 at 1500 steps: 56% of validation pages exact). Off by default: on its own,
+            the task stage after it (receipts) wiped the transcription out (54% -> 0%) and left
+            a policy that writes no well-formed tool call on held-out tags (0 of 128 right
+            reads); with pages mixed in (`read_batch` 8) and tables in `task_styles`, a
+            scratch build read 28 of 128 validation tags right (v3: 11), and GRPO from it
+            raised held-out accuracy in two quick runs (+12.5, +9.4) but lowered it in the
+            full one (-4.3); the same recipe built in one go read 0 of 128 tags right
+            (docs/benchmarks.md). A non-zero value gets its own cache folder (`tiny_vl_dir`).
+        reading_batch: pages per reading step.
+        reading_lr: reading stage AdamW learning rate.
         task_steps: most stage 2 (task) optimizer steps, projector and LM.
         task_batch: worked episodes per task step.
         read_batch: random pages per task step, each to transcribe (`read?`): generic reading
             of every word wherever it is. Measured, and off by default: a reading stage of its
-            own barely learned in 300 steps (loss 3.7 -> 2.9) and left the task stage worse off;
-            mixed in (8 per step), it raised the in-domain start (400 steps: 14% -> 35% greedy,
-            validation receipts) but GRPO from those models improved neither domain reliably
-            (one run of six gained on both; the runs are in docs/benchmarks.md).
+            own barely learned in 300 steps (loss 3.7 -> 2.9: too few, see `reading_steps`)
+            and left the task stage worse off; mixed in (8 per step), it raised the in-domain
+            start (400 steps: 14% -> 35% greedy, validation receipts) but GRPO from those
+            models improved neither domain reliably (one run of six gained on both; the runs
+            are in docs/benchmarks.md).
         task_lr: stage 2 AdamW learning rate.
         task_stop_accuracy: stage 2 stops once greedy decoding solves this share of validation
             images, equally many of each of `task_styles` (checked exactly, by teacher
@@ -135,6 +157,9 @@ class VisionWarmStartRecipe:
     glyph_temperature: float = 0.01
     glyph_mse_weight: float = 300.0
     task_styles: tuple[str, ...] = ("receipt",)
+    reading_steps: int = 0
+    reading_batch: int = 16
+    reading_lr: float = 1e-3
     task_steps: int = 800
     task_batch: int = 16
     read_batch: int = 0
@@ -146,10 +171,13 @@ class VisionWarmStartRecipe:
 
 
 def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path:
-    """The cache folder of `recipe`'s build: the recipe version and seed, and the training
-    styles when they are not the default."""
+    """The cache folder of `recipe`'s build: the recipe version and seed, then the training
+    styles, the reading stage's steps and the pages mixed into each task step when they are
+    not the default."""
     styles = "" if recipe.task_styles == ("receipt",) else "-" + "+".join(recipe.task_styles)
-    name = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}{styles}"
+    reading = f"-read{recipe.reading_steps}" if recipe.reading_steps else ""
+    pages = f"-pages{recipe.read_batch}" if recipe.read_batch else ""
+    name = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}{styles}{reading}{pages}"
     return leantrain_home() / "models" / name
 
 
@@ -270,7 +298,8 @@ def episode_accuracy(
 ) -> float:
     """The share of worked episodes `rows` (as `_episode_rows` makes them) whose every model
     token (EOS included) is the model's argmax given what precedes it: the share that greedy
-    decoding solves, the environment's reply being the one a right call gets; one forward pass."""
+    decoding solves, the environment's reply being the one a right call gets; one forward pass.
+    On transcription rows (`_reading_rows`): the share of pages greedy decoding reads exactly."""
     ids, labels, pixels = _sequence_batch(processor, rows)
     logits = model(input_ids=ids, pixel_values=pixels, use_cache=False).logits  # (n, T, V)
     predicted, wanted = logits[:, :-1].argmax(-1), labels[:, 1:]  # position t predicts t + 1
@@ -358,6 +387,9 @@ def build_tiny_vl(
         ids, labels, pixels = _sequence_batch(processor, rows)
         return model(input_ids=ids, pixel_values=pixels, labels=labels, use_cache=False).loss
 
+    def reading_loss() -> torch.Tensor:
+        return sequence_loss(_reading_rows(rng, recipe.reading_batch))
+
     def task_loss() -> torch.Tensor:
         rows = _episode_rows(task, rng, recipe.task_batch) + _reading_rows(rng, recipe.read_batch)
         return sequence_loss(rows)
@@ -370,10 +402,12 @@ def build_tiny_vl(
         for style in recipe.task_styles
     }
     validation_rows = [row for rows in validation.values() for row in rows]
+    validation_pages = _reading_rows(random.Random(_PROBE_SEED), _READ_CHECK_PAGES)
     losses: dict[str, float] = {}
     with Progress(disable=not progress, transient=True) as bar:
         job = bar.add_task(
-            "building tiny-vl (one-off)", total=recipe.glyph_steps + recipe.task_steps
+            "building tiny-vl (one-off)",
+            total=recipe.glyph_steps + recipe.reading_steps + recipe.task_steps,
         )
 
         def train(stage: str, modules: list, lr: float, steps: int, batch_loss, stop=None) -> int:
@@ -406,6 +440,10 @@ def build_tiny_vl(
             style: round(glyph_accuracy(model, processor, _probe_images(style)), 3)
             for style in STYLES
         }
+        if recipe.reading_steps:
+            train("reading", [projector, lm], recipe.reading_lr, recipe.reading_steps, reading_loss)
+        # Exact transcriptions of validation pages, before and after the task stage.
+        pages_read = {"before_task": round(episode_accuracy(model, processor, validation_pages), 3)}
         # The vision tower stays as the glyph stage made it: generic, not receipt-specific. The
         # task stage stops once greedy decoding solves `task_stop_accuracy` of the validation
         # images: where that happens moves with the data order, the accuracy does not.
@@ -423,6 +461,7 @@ def build_tiny_vl(
             style: round(episode_accuracy(model, processor, rows), 3)
             for style, rows in validation.items()
         }
+        pages_read["after_task"] = round(episode_accuracy(model, processor, validation_pages), 3)
     model.requires_grad_(True).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -433,6 +472,7 @@ def build_tiny_vl(
         "base": base.name,
         "final_loss": {k: round(v, 4) for k, v in losses.items()},
         "glyph_accuracy_after_glyphs": glyphs_read,
+        "validation_pages_transcribed": pages_read,
         "task_steps_taken": task_steps,
         "validation_task_accuracy": start_accuracy,
         "train_cpu_seconds": round(time.process_time() - start, 1),
