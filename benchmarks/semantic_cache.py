@@ -176,9 +176,10 @@ def best_threshold_hit_rate(thresholds: dict, max_error: float) -> float | None:
     return max(ok) if ok else None
 
 
-def best_hindsight_threshold(hindsight: dict, max_error: float) -> tuple[float, float] | None:
-    """(threshold, hit rate) of the fine sweep's best threshold with error <= `max_error`."""
-    ok = [(r["hit_rate"], t) for t, r in hindsight.items() if r["error_rate"] <= max_error]
+def best_of_sweep(sweep: dict, max_error: float) -> tuple[float, float] | None:
+    """(threshold, hit rate) of the sweep's (threshold -> rates) best hit rate at error <=
+    `max_error`; None when no threshold is under it."""
+    ok = [(r["hit_rate"], t) for t, r in sweep.items() if r["error_rate"] <= max_error]
     return (max(ok)[1], max(ok)[0]) if ok else None
 
 
@@ -196,7 +197,7 @@ def calibrated_threshold(
             transient=True,
         )
     }
-    best = best_hindsight_threshold(sweep, max_error)
+    best = best_of_sweep(sweep, max_error)
     return None if best is None else best[0]
 
 
@@ -317,7 +318,7 @@ def print_table(result: dict, oracle_hit_rate: float, requests: int) -> None:
     rows.append(("verified delta=0.02 cold, own verdicts only", result["per_entry_only"]))
     for name, r in rows:
         table.add_row(name, f"{r['hit_rate']:.3f}", f"{r['error_rate']:.4f}")
-    best = best_hindsight_threshold(result["hindsight"], 0.02)
+    best = best_of_sweep(result["hindsight"], 0.02)
     if best is not None:
         r = result["hindsight"][best[0]]
         table.add_row(f"best threshold in hindsight, error <= 0.02 ({best[0]})",
@@ -381,7 +382,7 @@ def main() -> None:
         result["calibrated"],
     )
     budgeted, budgeted_cold = result["budgeted"], result["budgeted_cold"]
-    hindsight = best_hindsight_threshold(result["hindsight"], 0.02)
+    hindsight = best_of_sweep(result["hindsight"], 0.02)
     tuned = calibrated_threshold(calibration, embedder, 0.02)
     tuned_run = None if tuned is None else replay(ThresholdPolicy(tuned), stream, embedder, 0)
     print_table(result, oracle_hit_rate, args.requests)
