@@ -27,6 +27,7 @@ printed). Visual-ARFT's own code never runs the code.
     python benchmarks/visual_arft.py --quick --test-seed 555   # validation images: tune on these
     python benchmarks/visual_arft.py --quick --freeze-vision   # vision tower fixed during GRPO
     python benchmarks/visual_arft.py --quick --train-styles receipt,table   # GRPO on both styles
+    python benchmarks/visual_arft.py --quick --config my.yaml --model <folder>   # another setup
 
 Writes benchmarks/results/visual_arft.json with keys acc_before, acc_after, ood_acc_before,
 ood_acc_after, tool_exec_rate_after (plus the details under `details`).
@@ -58,6 +59,7 @@ RESULTS = Path(__file__).parent / "results" / "visual_arft.json"
 _TEST_SEED = 777  # the test sets' seed; the training pool is pool_seed 0 of another stream
 HELD_OUT = "tags"  # the style never trained on
 _CALL = re.compile(r"<python>\nprint\(([0-9+]+)\)\n</python>")  # a call that adds numbers
+_READING = re.compile(r"<think>\n(.*?)\n</think>", re.DOTALL)  # a transcribing task's reading
 
 
 def numbers_read(example: Example, episode_text: str) -> bool:
@@ -65,6 +67,13 @@ def numbers_read(example: Example, episode_text: str) -> bool:
     policy read the image right, whatever it did next."""
     call = _CALL.search(episode_text)
     return call is not None and call.group(1).split("+") == list(map(str, example.meta["values"]))
+
+
+def transcribed(example: Example, episode_text: str) -> bool:
+    """Whether the episode opens with an exact transcription of the image (tasks with
+    `transcribe`)."""
+    reading = _READING.match(episode_text)
+    return reading is not None and reading.group(1) == example.meta["transcript"]
 
 
 def evaluate(run: GRPORun, examples: list[Example]) -> dict:
@@ -78,12 +87,14 @@ def evaluate(run: GRPORun, examples: list[Example]) -> dict:
     parts = [run.task.score(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
     calls = [call.outcome for ep in episodes for call in ep.tool_calls]
     read = [numbers_read(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
+    wrote = [transcribed(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
     rows_of: dict[str, list[int]] = {}  # style -> its examples' positions
     for i, ex in enumerate(examples):
         rows_of.setdefault(ex.meta["style"], []).append(i)
     return {
         **{k: statistics.fmean(p[k] for p in parts) for k in ("format", "answer", "tool")},
         "numbers_read": statistics.fmean(read),
+        "transcribed": statistics.fmean(wrote),
         "tool_calls": len(calls),
         "tool_exec_rate": calls.count("ok") / max(1, len(calls)),
         "by_style": {
@@ -91,6 +102,7 @@ def evaluate(run: GRPORun, examples: list[Example]) -> dict:
                 "n": len(rows),
                 "answer": statistics.fmean(parts[i]["answer"] for i in rows),
                 "numbers_read": statistics.fmean(read[i] for i in rows),
+                "transcribed": statistics.fmean(wrote[i] for i in rows),
             }
             for style, rows in rows_of.items()
         },
@@ -139,6 +151,9 @@ def main() -> None:
         help="comma-separated styles GRPO trains on and in-domain is tested on (e.g. "
         "receipt,table); default: the config's task.options.style",
     )
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG, help="the GRPO run's config (an RLConfig YAML)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
@@ -156,7 +171,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(
-            CONFIG,
+            args.config,
             **overrides,
             **{
                 "model.name": args.model,
@@ -228,6 +243,10 @@ def main() -> None:
                 )
     Console(width=120).print(table)  # wide enough for the style rows, in a pipe too
     print("read: the first tool call adds exactly the image's numbers; format: the episode's shape")
+    if run.task.transcribe:
+        for domain in tests:
+            b, a = before[domain]["transcribed"], after[domain]["transcribed"]
+            print(f"{domain}: exact transcription before the call {b:.1%} -> {a:.1%}")
     grpo_s = summary["seconds_total"]
     print(f"total {seconds:.0f} s (GRPO {grpo_s:.0f} s); model build or load {build_s:.1f} s")
 

@@ -90,6 +90,7 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
         task_steps=2,
         task_batch=2,
         read_batch=2,
+        task_transcribe=True,
     )
     info = build_tiny_vl(tiny_path, tmp_path / "built", recipe, progress=False)
     assert set(info["final_loss"]) == {"glyphs", "reading", "task"}
@@ -108,13 +109,22 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     assert isinstance(model, LlavaForConditionalGeneration)
     assert load_processor(tmp_path / "built").image_token == "<image>"
     assert "tiny-vl" in PRESETS
-    # Another set of training styles is another build: it never reuses the default's folder.
-    assert tiny_vl_dir(recipe) != tiny_vl_dir(VisionWarmStartRecipe())
-    assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=("receipt",))) == tiny_vl_dir()
-    # So is a build with a reading stage or with pages mixed into the task stage.
+    # Another recipe is another build: every non-default field is in the folder's name, so a
+    # build never reuses another recipe's weights; the common ones by a readable tag.
     version = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed0"
-    assert tiny_vl_dir(recipe).name == f"{version}-receipt+table-read2-pages2"
     assert tiny_vl_dir().name == version
+    assert tiny_vl_dir(recipe).name == (
+        f"{version}-glyph_steps2-glyph_batch2-receipt+table-read2-reading_batch2-task_steps2"
+        "-task_batch2-pages2-think"
+    )
+    stop_later = VisionWarmStartRecipe(task_stop_accuracy=0.3)
+    assert tiny_vl_dir(stop_later).name == f"{version}-task_stop_accuracy0.3"
+    # Styles read from JSON come as a list: the default's list is the default.
+    assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=["receipt"])) == tiny_vl_dir()
+    assert (
+        tiny_vl_dir(VisionWarmStartRecipe(seed=1)).name
+        == f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed1"
+    )
 
 
 def test_glyph_loss_is_lowest_on_the_embedding_rows_and_asks_for_a_margin():

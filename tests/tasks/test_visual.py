@@ -120,6 +120,31 @@ def test_worked_solutions_score_full_marks(task):
         assert task.score(ex, ex.solution) == {"format": 1.0, "answer": 1.0, "tool": 1.0}
 
 
+def test_transcribed_episodes_read_the_image_first_and_format_asks_for_it():
+    plain, reading = VisualTask(style="tags"), VisualTask(style="tags", transcribe=True)
+    for ex, ex_read in zip(plain.examples(5, seed=3), reading.examples(5, seed=3), strict=True):
+        # The same image and answer; only the worked solution gains the reading.
+        assert _pixels(ex) == _pixels(ex_read) and ex.answer == ex_read.answer
+        words = " ".join(map(str, ex.meta["values"]))  # a tags card says just its numbers
+        assert ex_read.meta["transcript"] == words
+        assert ex_read.solution == f"<think>\n{words}\n</think>\n{ex.solution}"
+        assert reading.score(ex_read, ex_read.solution) == {
+            "format": 1.0,
+            "answer": 1.0,
+            "tool": 1.0,
+        }
+        # Without the reading, a transcribing task's format fails; the answer and tool stand.
+        assert reading.score(ex, ex.solution) == {"format": 0.0, "answer": 1.0, "tool": 1.0}
+        # A plain task does not take a reading before the call.
+        assert plain.score(ex_read, ex_read.solution)["format"] == 0.0
+        # Only the model's pieces are trained on: the reading is in the model's first turn.
+        turns = reading.worked_turns(ex_read)
+        assert turns[0][0].startswith("<think>\n") and turns[0][0].endswith("</python>")
+        assert [by_model for _, by_model in turns] == [True, False, True]
+    empty = f"<think>\n\n</think>\n{ex.solution}"
+    assert reading.score(ex, empty)["format"] == 0.0  # a reading that reads nothing
+
+
 def _episode(task, ex, code: str) -> str:
     """The transcript the episode runner builds: the model's call, the sandbox's real reply."""
     call = f"<python>\n{code}\n</python>"

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -65,7 +65,6 @@ from leantrain.models.tiny import leantrain_home
 from leantrain.models.tiny_tools import ensure_tiny_tools
 from leantrain.models.vision import encode_image_prompt
 from leantrain.tasks.base import Example
-from leantrain.tasks.tool_arith import worked_turns
 from leantrain.tasks.visual import (
     CELL,
     GLYPHS,
@@ -92,7 +91,8 @@ TINY_VL_RECIPE_VERSION = 3
 
 @dataclass(frozen=True)
 class VisionWarmStartRecipe:
-    """Warm start of `tiny-vl` from `tiny-tools`.
+    """Warm start of `tiny-vl` from `tiny-tools`. A recipe with any field off its default
+    builds into a cache folder of its own (`tiny_vl_dir`).
 
     Attributes:
         seed: fixes initialization and data; the same seed builds the same weights.
@@ -110,8 +110,7 @@ class VisionWarmStartRecipe:
             too (a build that stopped at 360 steps), the held-out line-of-three misreads halved
             (53 -> 25 of 128 validation tags) but exact reads stayed at 11 of 128, and GRPO
             from it lowered held-out accuracy on validation images (quick runs -1.6 and -3.1,
-            the full run -3.5; docs/benchmarks.md). A non-default value gets its own cache
-            folder (`tiny_vl_dir`).
+            the full run -3.5; docs/benchmarks.md).
         reading_steps: optimizer steps of an optional reading stage between the glyph and the
             task stages (0: none): the projector and the LM learn to transcribe random pages
             (`read?`, `reading_batch` pages a step), generic OCR pretraining as real VLMs get
@@ -124,7 +123,7 @@ class VisionWarmStartRecipe:
             scratch build read 28 of 128 validation tags right (v3: 11), and GRPO from it
             raised held-out accuracy in two quick runs (+12.5, +9.4) but lowered it in the
             full one (-4.3); the same recipe built in one go read 0 of 128 tags right
-            (docs/benchmarks.md). A non-zero value gets its own cache folder (`tiny_vl_dir`).
+            (docs/benchmarks.md).
         reading_batch: pages per reading step.
         reading_lr: reading stage AdamW learning rate.
         task_steps: most stage 2 (task) optimizer steps, projector and LM.
@@ -142,6 +141,8 @@ class VisionWarmStartRecipe:
             forcing), or after `task_steps` steps: a start GRPO can improve on. Where a fixed
             step count lands moves with the data order (with pages mixed in, 400 steps gave 35%
             in one build and 9% in another).
+        task_transcribe: the task episodes open with the image's transcription (`VisualTask`'s
+            `transcribe`: read first, then call the tool), the reading stage's `read?` output.
         stop_check_every: steps between those checks.
         stop_check_size: validation images in each check (split evenly over `task_styles`).
         max_value: largest number on a training image (`configs/tiny-vl-tools.yaml` uses the
@@ -165,19 +166,36 @@ class VisionWarmStartRecipe:
     read_batch: int = 0
     task_lr: float = 2e-3
     task_stop_accuracy: float = 0.15
+    task_transcribe: bool = False
     stop_check_every: int = 20
     stop_check_size: int = 64
     max_value: int = 30
 
 
+# Readable cache-folder tags of the recipe fields builds change most; any other field that
+# differs from its default is tagged `<name><value>`.
+_DIR_TAGS = {
+    "task_styles": lambda styles: "+".join(styles),
+    "reading_steps": lambda steps: f"read{steps}",
+    "read_batch": lambda pages: f"pages{pages}",
+    "task_transcribe": lambda _: "think",
+}
+
+
 def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path:
-    """The cache folder of `recipe`'s build: the recipe version and seed, then the training
-    styles, the reading stage's steps and the pages mixed into each task step when they are
-    not the default."""
-    styles = "" if recipe.task_styles == ("receipt",) else "-" + "+".join(recipe.task_styles)
-    reading = f"-read{recipe.reading_steps}" if recipe.reading_steps else ""
-    pages = f"-pages{recipe.read_batch}" if recipe.read_batch else ""
-    name = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}{styles}{reading}{pages}"
+    """The cache folder of `recipe`'s build: the recipe version and seed, then a tag for every
+    field that differs from its default, so that a build never reuses another recipe's
+    weights."""
+    default = VisionWarmStartRecipe(seed=recipe.seed)
+    tags = []
+    for spec in fields(recipe):
+        value = getattr(recipe, spec.name)
+        if isinstance(value, list):
+            value = tuple(value)  # a recipe read from JSON or YAML
+        if value != getattr(default, spec.name):
+            tag = _DIR_TAGS.get(spec.name)
+            tags.append(tag(value) if tag else f"{spec.name}{value}")
+    name = "-".join([f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}", *tags])
     return leantrain_home() / "models" / name
 
 
@@ -351,15 +369,12 @@ def _reading_rows(rng: random.Random, n: int) -> list:
 def _episode_rows(task: VisualTask, rng: random.Random, n: int) -> list:
     """`n` worked episodes (prompt, model turn, environment reply, model turn), trained on the
     model's turns only: the environment's reply is read, never trained on."""
-    return _worked_rows([task.sample(rng) for _ in range(n)])
+    return _worked_rows(task, [task.sample(rng) for _ in range(n)])
 
 
-def _worked_rows(examples: list[Example]) -> list:
-    """The worked episode of each example, as `_episode_rows` makes them."""
-    return [
-        (ex.prompt, ex.meta["image"], worked_turns(ex.meta["expression"], ex.answer))
-        for ex in examples
-    ]
+def _worked_rows(task: VisualTask, examples: list[Example]) -> list:
+    """The worked episode of each example as `task` solves it, as `_episode_rows` makes them."""
+    return [(ex.prompt, ex.meta["image"], task.worked_turns(ex)) for ex in examples]
 
 
 def build_tiny_vl(
@@ -376,7 +391,9 @@ def build_tiny_vl(
     glyph_rows = model.get_input_embeddings().weight.detach()[cell_ids]  # (C, H), fixed targets
     tower, projector = model.model.vision_tower, model.model.multi_modal_projector
     lm = model.model.language_model
-    task = VisualTask(style=recipe.task_styles, max_value=recipe.max_value)
+    task = VisualTask(
+        style=recipe.task_styles, max_value=recipe.max_value, transcribe=recipe.task_transcribe
+    )
 
     def glyph_loss() -> torch.Tensor:
         pixels, targets = _glyph_batch(processor, rng, recipe.glyph_batch)
@@ -397,7 +414,7 @@ def build_tiny_vl(
     per_style = max(1, recipe.stop_check_size // len(recipe.task_styles))
     validation = {
         style: _worked_rows(
-            evaluation_examples(style, per_style, _PROBE_SEED, max_value=recipe.max_value)
+            task, evaluation_examples(style, per_style, _PROBE_SEED, max_value=recipe.max_value)
         )
         for style in recipe.task_styles
     }

@@ -18,12 +18,17 @@ trains on several kinds of images.
 Every glyph sits in its own 8x8 cell, so a vision patch of the same size sees exactly one glyph.
 Rendering uses Pillow's built-in bitmap font only, so a seed gives the same pixels everywhere.
 
+With `transcribe`, the model's first turn opens with what the image says, then the call:
+`"<think>\\nRECEIPT\\nAB 12\\nKW 7\\n</think>\\n<python>..."` (Visual-ARFT's think step, here
+the reading; the same text `read?` asks for).
+
 Rewards: `format` is 1 for tool calls each followed by the environment's reply, then
-`answer: N`; `answer` is 1 when the last `answer:` is the total; `tool` is 1 only when a tool call
-ran in the sandbox, exited cleanly and printed the total: stricter than `tool_arith` (which gives
-it for any clean run) and than Visual-ARFT's released code (a flat 0.9 whenever a code block
-appears, never run). The model cannot forge it: its turn ends at `</python>`, so `</python>`
-directly followed by `<output>` only ever comes from the environment.
+`answer: N` (after the reading, with `transcribe`); `answer` is 1 when the last `answer:` is the
+total; `tool` is 1 only when a tool call ran in the sandbox, exited cleanly and printed the
+total: stricter than `tool_arith` (which gives it for any clean run) and than Visual-ARFT's
+released code (a flat 0.9 whenever a code block appears, never run). The model cannot forge it:
+its turn ends at `</python>`, so `</python>` directly followed by `<output>` only ever comes from
+the environment.
 
 Knows nothing about tokens, processors or models: an example carries its PIL image in
 `meta["image"]`, and the tool calls are `tool_arith`'s (same sandbox, same reply format).
@@ -32,8 +37,9 @@ Knows nothing about tokens, processors or models: an example carries its PIL ima
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PIL import Image, ImageDraw, ImageFont
 
@@ -55,6 +61,12 @@ GRID = 8  # cells per side: a 64x64 image
 IMAGE_SIZE = CELL * GRID
 QUESTION = "total?"
 READ_QUESTION = "read?"  # generic transcription (the warm start's reading stage); not a task
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# With `transcribe`, an episode opens with the model's transcription of the image, then the
+# tool protocol's episode as usual.
+TRANSCRIBED_FORMAT = re.compile(
+    rf"{THINK_OPEN}\n.+?\n{THINK_CLOSE}\n(?:{EPISODE_FORMAT.pattern})", re.DOTALL
+)
 STYLES = ("receipt", "table", "tags")
 # Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
 # reach into the cell below.
@@ -174,6 +186,11 @@ class VisualTask(Task):
         pool: 0 draws a new example every time; N > 0 draws from a fixed set of N examples
             (Visual-ARFT trains on tens of examples for many epochs).
         pool_seed: which fixed set `pool` draws from.
+        transcribe: the episode's first turn opens with the model's transcription of the image
+            between `<think>` and `</think>` (what the page says, as `read?` asks for it), then
+            the tool call: Visual-ARFT's think step, made the reading a reader does before
+            adding. A layout the task never trained on then needs only generic reading and
+            picking the numbers out of text. `format` requires it.
     """
 
     style: str | tuple[str, ...] = "receipt"
@@ -186,6 +203,7 @@ class VisualTask(Task):
     max_output_chars: int = 200
     pool: int = 0
     pool_seed: int = 0
+    transcribe: bool = False
     name: str = "visual"
     parts = ("format", "answer", "tool")
     multi_turn = True  # rollouts are tool episodes (rl/episodes.py)
@@ -241,20 +259,30 @@ class VisualTask(Task):
         layout = {"receipt": self._receipt, "table": self._table, "tags": self._tags}[style]
         lines, paper, ink = layout(values, rng)
         offset = (rng.randint(0, 2), rng.randint(0, 1))
-        expression = "+".join(map(str, values))
-        answer = str(sum(values))
-        return Example(
+        cells = text_grid(lines)
+        example = Example(
             prompt=f"{IMAGE_TOKEN}{QUESTION}\n",
-            answer=answer,
-            solution="".join(text for text, _ in worked_turns(expression, answer)),
+            answer=str(sum(values)),
             meta={
                 "image": render_grid(lines, paper=paper, ink=ink, offset=offset),
                 "style": style,
                 "values": values,
-                "expression": expression,
-                "cells": text_grid(lines),
+                "expression": "+".join(map(str, values)),
+                "cells": cells,
+                "transcript": transcript(cells),
             },
         )
+        return replace(example, solution="".join(text for text, _ in self.worked_turns(example)))
+
+    def worked_turns(self, example: Example) -> list[tuple[str, bool]]:
+        """`example` solved, as (text, written by the model) pieces (`tool_arith.worked_turns`),
+        the transcription first with `transcribe`."""
+        turns = worked_turns(example.meta["expression"], example.answer)
+        if not self.transcribe:
+            return turns
+        (call, by_model), *rest = turns
+        reading = f"{THINK_OPEN}\n{example.meta['transcript']}\n{THINK_CLOSE}\n"
+        return [(reading + call, by_model), *rest]
 
     @staticmethod
     def _receipt(
@@ -304,6 +332,10 @@ class VisualTask(Task):
         ink = tuple(rng.randint(0, 90) for _ in range(3))
         return lines, paper, ink
 
+    @property
+    def _format(self) -> re.Pattern[str]:
+        return TRANSCRIBED_FORMAT if self.transcribe else EPISODE_FORMAT
+
     def call_tool(self, turn_text: str) -> ToolCall:
         """Run the tool call that ends `turn_text` in the sandbox (as `tool_arith` does)."""
         return self._tools.call_tool(turn_text)
@@ -314,7 +346,7 @@ class VisualTask(Task):
         found = ANSWER.findall(text)
         printed = [out.strip() for out in TOOL_OUTPUT.findall(text)]
         return {
-            "format": float(EPISODE_FORMAT.fullmatch(text) is not None),
+            "format": float(self._format.fullmatch(text) is not None),
             "answer": float(bool(found) and found[-1] == example.answer),
             "tool": float(example.answer in printed),
         }
