@@ -33,6 +33,8 @@ speculation can differ where two tokens nearly tie (`greedy_identical` says so).
     python benchmarks/long_tail_sd.py --quick          # 4 prompts x 4, 1 repeat, < 180 s
     python benchmarks/long_tail_sd.py --model tiny     # the tiny model beside it
     python benchmarks/long_tail_sd.py --quick --dtype bfloat16  # bf16 rollouts
+    python benchmarks/long_tail_sd.py --device cuda --model <HF folder>  # TLT's regime (not
+                                                                        # run here: no GPU)
 
 Writes benchmarks/results/long_tail_sd.json (other models: long_tail_sd_<model>.json) with keys
 `model`, `tail_speedup`, `rollout_speedup`, `mean_accept_len`, `greedy_identical`.
@@ -128,6 +130,12 @@ def main() -> None:
         default="float32",
         help="rollout weights (both sides): the fp32 policy, or a bf16 copy of it",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="cpu",
+        help="where both sides roll out (the issue's target is set on 2 CPU cores)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.quick:
@@ -145,7 +153,7 @@ def main() -> None:
             None,
             **{
                 "model.name": args.model,
-                "device": "cpu",
+                "device": args.device,
                 "out": Path(tmp) / "run",
                 "grpo.prompts_per_step": args.prompts,
                 "grpo.group_size": args.group_size,
@@ -206,6 +214,7 @@ def main() -> None:
     report = {
         "model": args.model,
         "rollout_dtype": args.dtype,
+        "device": str(run.device),
         "threads": args.threads,
         "tail_speedup": ratio(tail),
         "rollout_speedup": ratio(rollout),
