@@ -80,6 +80,30 @@ def test_restart_rebuilds_the_index_from_sqlite(tmp_path: Path) -> None:
         SemanticCache(path, HashingEmbedder(dim=64), ThresholdPolicy(0.9))
 
 
+def test_a_restart_goes_on_with_the_budget_it_had(tmp_path: Path, caplog) -> None:
+    """The budgeted policy's state (requests seen, risk spent) is in the file: reopened with the
+    same settings, the cache serves as the running one would; with another delta, it starts a
+    fresh budget and says so."""
+    path, backend = tmp_path / "cache.sqlite", Oracle()
+    questions = [list(ANSWERS)[i % 3] for i in range(300)]
+    running = SemanticCache(path, HashingEmbedder(), BudgetedPolicy(0.05), seed=0)
+    for question in questions:
+        running.query(question, backend)
+    seen, spent = running.policy.requests, running.policy.spent
+    assert seen == 299 and spent > 0  # every request after the first had a nearest entry
+    running.close()
+    reopened = SemanticCache(path, HashingEmbedder(), BudgetedPolicy(0.05), seed=1)
+    assert (reopened.policy.requests, reopened.policy.spent) == (seen, spent)
+    # Past the slack already: the first request after the restart is a hit, as it would have
+    # been without one; a fresh budget serves nothing for its first z**2 / delta requests.
+    assert reopened.query(questions[0], backend).source == "hit"
+    reopened.close()
+    other = SemanticCache(path, HashingEmbedder(), BudgetedPolicy(0.1), seed=1)
+    assert other.policy.requests == 0
+    assert "other settings" in caplog.text
+    assert other.query(questions[0], backend).source == "miss"
+
+
 def test_feedback_on_a_hit_is_an_observation_of_its_entry() -> None:
     cache = SemanticCache(":memory:", HashingEmbedder(), ThresholdPolicy(0.5))
     backend = Oracle()

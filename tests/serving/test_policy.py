@@ -166,6 +166,30 @@ def test_budgeted_spends_the_budget_on_the_safe_requests_first_and_stays_under_d
     assert sum(budgeted.values()) > sum(verified.values())
 
 
+def test_a_restored_budget_decides_as_the_one_it_was_saved_from() -> None:
+    """`state()` then `restore()` carries the budget over exactly: given the same draws, the
+    restored policy makes the running one's decisions; other settings keep a fresh budget."""
+    evidences = [_evidence(1990, 2000), _evidence(900, 1000), _evidence(10**6, 10**6)]
+    running, rng = BudgetedPolicy(0.02), random.Random(0)
+    for i in range(500):
+        running.decide(0.99, evidences[i % 3], rng)
+    restored, rng_restored = BudgetedPolicy(0.02), random.Random()
+    assert restored.restore(running.state())
+    rng_restored.setstate(rng.getstate())
+    decisions = [
+        (
+            running.decide(0.99, evidences[i % 3], rng),
+            restored.decide(0.99, evidences[i % 3], rng_restored),
+        )
+        for i in range(500)
+    ]
+    assert all(a == b for a, b in decisions)
+    assert sum(a.hit for a, _ in decisions) > 0  # the budget is in use, not trivially empty
+    assert (restored.requests, restored.spent) == (running.requests, running.spent)
+    fresh = BudgetedPolicy(0.05)
+    assert not fresh.restore(running.state()) and (fresh.requests, fresh.spent) == (0, 0.0)
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(LeantrainError, match="delta"):
         VerifiedPolicy(0.0)

@@ -11,14 +11,17 @@ size bound evicts by `lru` or `cost` (see `CacheStore.eviction_order`).
 `calibration_verdicts` replays a labelled stream through a throwaway cache that never serves, to
 collect the verdicts that warm-start a `VerifiedPolicy` (see `leantrain.serving.policy`).
 
-SQLite (`CacheStore`) is the truth; the faiss index is rebuilt from it on open, so a restart
-loses nothing. Thread-safe: lookups and writes hold a lock, the backend call does not.
+SQLite (`CacheStore`) is the truth; the faiss index is rebuilt from it on open and a stateful
+policy's state is kept in it, so a restart loses nothing. Thread-safe: lookups and writes hold a
+lock, the backend call does not.
 
 Knows nothing about HTTP or models: the backend is any `prompt -> (answer, cost)` callable.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import threading
 from collections.abc import Callable, Sequence
@@ -31,8 +34,17 @@ import numpy as np
 
 from leantrain.errors import LeantrainError
 from leantrain.serving.embedding import Embedder
-from leantrain.serving.policy import Decision, Evidence, ExplorePolicy, HitPolicy, Verdicts
+from leantrain.serving.policy import (
+    Decision,
+    Evidence,
+    ExplorePolicy,
+    HitPolicy,
+    StatefulPolicy,
+    Verdicts,
+)
 from leantrain.serving.store import CacheStore
+
+log = logging.getLogger(__name__)
 
 Backend = Callable[[str], tuple[str, float]]  # prompt -> (answer, cost of producing it)
 Source = Literal["hit", "miss"]
@@ -77,7 +89,8 @@ class SemanticCache:
         path: SQLite file of the cache (":memory:" for a throwaway one).
         embedder: texts -> unit-norm float32 rows.
         policy: `ThresholdPolicy`, `VerifiedPolicy` or `BudgetedPolicy` (which keeps state:
-            one per cache).
+            one per cache; its state is kept in the file after every decision and restored
+            when the file is opened again with the same settings).
         max_entries: size bound; the eviction policy makes room beyond it.
         eviction: "lru" or "cost".
         answers_match: judges whether a cached answer is right for a request, given the
@@ -117,6 +130,14 @@ class SemanticCache:
                     f"makes {embedder.dim}-dim ones: use the embedder it was built with"
                 )
             self._index.add_with_ids(vectors, ids)
+        if isinstance(policy, StatefulPolicy):
+            kept = self.store.policy_state(policy.name)
+            if kept is not None and not policy.restore(json.loads(kept)):
+                log.warning(
+                    "cache %s: the kept %s state was spent under other settings; starting fresh",
+                    path,
+                    policy.name,
+                )
 
     def __len__(self) -> int:
         return self.store.count()
@@ -133,6 +154,9 @@ class SemanticCache:
                 if self.policy.window is not None:
                     evidence = self.store.evidence(entry_id, similarity, self.policy.window)
                 decision = self.policy.decide(similarity, evidence, self._rng)
+                if isinstance(self.policy, StatefulPolicy):
+                    state = json.dumps(self.policy.state())
+                    self.store.save_policy_state(self.policy.name, state)
                 entry = self.store.get(entry_id)
                 if decision.hit and entry is not None:
                     self.counters.hits += 1

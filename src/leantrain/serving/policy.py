@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from scipy.stats import beta
@@ -75,6 +75,16 @@ class HitPolicy(Protocol):
     def decide(self, similarity: float, evidence: Evidence, rng: random.Random) -> Decision:
         """Serve the nearest entry, found at `similarity`?"""
         ...
+
+
+@runtime_checkable
+class StatefulPolicy(HitPolicy, Protocol):
+    """A policy whose decisions depend on its past ones (`BudgetedPolicy`): its state outlives
+    the process in the cache's file."""
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -238,7 +248,9 @@ class BudgetedPolicy:
     It does not explore at random: requests it does not serve are misses whose verdicts feed
     the pooled evidence; the requests it always serves get no fresh verdicts, so a prior that is
     wrong where it is most confident is corrected only by feedback. Its state (risk spent,
-    requests seen, risks per bin) lives in memory: a restart starts a fresh budget.
+    requests seen, risks per bin) goes out as `state()` and comes back with `restore()`:
+    `SemanticCache` keeps it in the cache's file after every decision, so a restarted server
+    goes on with the budget it had (a fresh one would be safe too, only more cautious).
 
     Attributes:
         delta: the bound on the rate of wrong cached answers, over all requests.
@@ -276,6 +288,29 @@ class BudgetedPolicy:
         if hit:
             self.spent += risk
         return Decision(hit, 1.0 - serve_probability, predicted)
+
+    def state(self) -> dict:
+        """What a restart needs to go on with this budget: the settings it was spent under,
+        the requests seen, the risk spent and the risks per bin (sparse: {bin: sum})."""
+        used = np.flatnonzero(self._risk_sums)
+        return {
+            "delta": self.delta,
+            "z": self.z,
+            "requests": self.requests,
+            "spent": self.spent,
+            "risk_sums": {str(i): float(self._risk_sums[i]) for i in used},
+        }
+
+    def restore(self, state: dict) -> bool:
+        """Go on with the budget in `state` (from `state()`) if it was spent under the same
+        delta and z; otherwise keep the fresh one. Returns whether it was restored."""
+        if (state.get("delta"), state.get("z")) != (self.delta, self.z):
+            return False
+        self.requests, self.spent = int(state["requests"]), float(state["spent"])
+        self._risk_sums = np.zeros(_RISK_BIN_COUNT)
+        for risk_bin, total in state["risk_sums"].items():
+            self._risk_sums[int(risk_bin)] = total
+        return True
 
     def _serve_probability(self, risk_bin: int) -> float:
         """Water-filling over the past risks: 1 for a bin that, with every less risky one,

@@ -1,6 +1,7 @@
 """The semantic cache's durable state in one SQLite file: cached answers with their embeddings,
 per-entry statistics, every served answer (so feedback can find it) and the observations
-(similarity, was the cached answer right) that the verified policy learns from.
+(similarity, was the cached answer right) that the verified policy learns from, and the state of
+a policy that keeps one (the budgeted policy's budget), as text.
 
 SQLite in WAL mode: readers never block the writer, and every write below is one transaction, so
 a process killed mid-write leaves either the whole entry or none of it (WAL with
@@ -49,6 +50,10 @@ CREATE TABLE IF NOT EXISTS observations (
 );
 CREATE INDEX IF NOT EXISTS observations_entry ON observations(entry_id, similarity);
 CREATE INDEX IF NOT EXISTS observations_similarity ON observations(similarity);
+CREATE TABLE IF NOT EXISTS policy_state (
+    name TEXT PRIMARY KEY,
+    state TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS served (
     id INTEGER PRIMARY KEY,
     entry_id INTEGER,
@@ -233,6 +238,23 @@ class CacheStore:
         """Remove entries and their observations."""
         with self._transaction() as db:
             db.executemany("DELETE FROM entries WHERE id = ?", [(i,) for i in entry_ids])
+
+    def save_policy_state(self, name: str, state: str) -> None:
+        """Keep `state` (text) as the policy `name`'s, replacing what was kept before."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO policy_state (name, state) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET state = excluded.state",
+                (name, state),
+            )
+
+    def policy_state(self, name: str) -> str | None:
+        """The state last kept for the policy `name`, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT state FROM policy_state WHERE name = ?", (name,)
+            ).fetchone()
+        return row[0] if row else None
 
     def close(self) -> None:
         with self._lock:
