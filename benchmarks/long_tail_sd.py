@@ -211,6 +211,8 @@ def main() -> None:
     # Sampling draws different responses on the two sides (lossless in distribution, not in
     # path), so tail lengths differ; tokens per second in the tail is the steadier figure.
     tail_rate = {side: tail_tokens[side] / tail[side] if tail[side] else 0.0 for side in runs}
+    # speculative / plain tail tokens per second: not skewed by the sides' response lengths
+    tail_rate_speedup = None if ratio(tail_rate) is None else 1 / ratio(tail_rate)
     report = {
         "model": args.model,
         "rollout_dtype": args.dtype,
@@ -220,8 +222,7 @@ def main() -> None:
         "rollout_speedup": ratio(rollout),
         "mean_accept_len": accept,
         "greedy_identical": identical,
-        # speculative / plain tail tokens per second: not skewed by the sides' response lengths
-        "tail_tokens_per_s_speedup": None if ratio(tail_rate) is None else 1 / ratio(tail_rate),
+        "tail_tokens_per_s_speedup": tail_rate_speedup,
     }
 
     table = Table(
@@ -234,7 +235,7 @@ def main() -> None:
         ("rollout phase s", rollout, ratio(rollout)),
         (f"tail (<= {args.threshold} live) s", tail, ratio(tail)),
         ("RL step s (rollout + update)", rl_step, ratio(rl_step)),
-        ("tail tokens/s", tail_rate, None if ratio(tail_rate) is None else 1 / ratio(tail_rate)),
+        ("tail tokens/s", tail_rate, tail_rate_speedup),
         ("tokens", tokens, None),
         ("tokens in the tail", tail_tokens, None),
     )

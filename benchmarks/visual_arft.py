@@ -51,7 +51,7 @@ from leantrain.generation import SamplingParams
 from leantrain.models.tiny_vl import ensure_tiny_vl
 from leantrain.rl.grpo import GRPORun, compute_autocast, example_inputs
 from leantrain.tasks import Example
-from leantrain.tasks.visual import evaluation_examples
+from leantrain.tasks.visual import THINK_CLOSE, THINK_OPEN, evaluation_examples
 from leantrain.telemetry.report import write_benchmark_json
 
 CONFIG = Path(__file__).parent.parent / "configs" / "tiny-vl-tools.yaml"
@@ -59,7 +59,7 @@ RESULTS = Path(__file__).parent / "results" / "visual_arft.json"
 _TEST_SEED = 777  # the test sets' seed; the training pool is pool_seed 0 of another stream
 HELD_OUT = "tags"  # the style never trained on
 _CALL = re.compile(r"<python>\nprint\(([0-9+]+)\)\n</python>")  # a call that adds numbers
-_READING = re.compile(r"<think>\n(.*?)\n</think>", re.DOTALL)  # a transcribing task's reading
+_READING = re.compile(rf"{THINK_OPEN}\n(.*?)\n{THINK_CLOSE}", re.DOTALL)  # `transcribe`'s reading
 
 
 def numbers_read(example: Example, episode_text: str) -> bool:
@@ -78,8 +78,10 @@ def transcribed(example: Example, episode_text: str) -> bool:
 
 def evaluate(run: GRPORun, examples: list[Example]) -> dict:
     """Greedy episodes on `examples`: mean reward parts, the share whose tool call has the
-    image's numbers (`numbers_read`) and the share of tool calls that ran, over all of them and,
-    under `by_style`, the answer accuracy and `numbers_read` of each style among them."""
+    image's numbers (`numbers_read`), the share that opens with an exact transcription
+    (`transcribed`, tasks with `transcribe`) and the share of tool calls that ran, over all of
+    them and, under `by_style`, the answer accuracy, `numbers_read` and `transcribed` of each
+    style among them."""
     prompts = [example_inputs(run.tokenizer, run.processor, ex)[0] for ex in examples]
     params = SamplingParams(max_new_tokens=run.sampling.max_new_tokens, temperature=0.0)
     with compute_autocast(run.config, run.device):
