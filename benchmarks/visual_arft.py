@@ -12,8 +12,8 @@ tens of examples), then evaluated greedily on
   set; each style's accuracy is in `details` too);
 - held-out domain: `tags` images (numbers on one line of a tinted card, no header, no item
   names), a style never trained on, neither by the warm start (its task stage trains receipts,
-  or receipts and tables with `task_styles`, which always have a header, and its generic reading
-  pages are never a single line of numbers) nor by GRPO.
+  or with `task_styles` also tables, which always have a header, and pages, which always have a
+  word of letters; its generic reading pages are never a single line of numbers) nor by GRPO.
 
 Accuracy is the `answer` reward (exact total). `read` is a probe of where a wrong answer comes
 from: the share of episodes whose first tool call adds exactly the image's numbers (the policy

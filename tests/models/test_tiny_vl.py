@@ -94,7 +94,7 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     )
     info = build_tiny_vl(tiny_path, tmp_path / "built", recipe, progress=False)
     assert set(info["final_loss"]) == {"glyphs", "reading", "task"}
-    assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "table", "tags"}
+    assert set(info["glyph_accuracy_after_glyphs"]) == {"receipt", "table", "page", "tags"}
     saved = json.loads((tmp_path / "built" / "build.json").read_text())
     assert saved["recipe"]["glyph_steps"] == 2
     assert saved["task_steps_taken"] == 2  # the first stop check comes at step 20
@@ -186,6 +186,23 @@ def test_episode_accuracy_is_the_share_of_rows_greedy_decoding_gets_right(saved_
     env = int((labels[3] == IGNORE).nonzero()[-1])  # in the environment's reply or padding
     other[3, env] = (other[3, env] + 1) % vocab
     assert episode_accuracy(model_predicting(other), processor, rows) == 1.0
+
+
+def test_direct_answer_episodes_skip_the_tool_and_a_zero_share_draws_nothing_more():
+    task = VisualTask()
+    plain_rng, zero_rng = random.Random(5), random.Random(5)
+    plain = _episode_rows(task, plain_rng, 6)
+    assert _episode_rows(task, zero_rng, 6, direct_share=0.0) == plain
+    assert plain_rng.random() == zero_rng.random()  # the data order of older builds is kept
+    for seed in range(5):  # the same number of direct answers in every batch
+        direct = _episode_rows(task, random.Random(seed), 16, direct_share=0.7)
+        assert sum(len(turns) == 1 for _, _, turns in direct) == 11
+    direct = _episode_rows(task, random.Random(5), 200, direct_share=0.5)
+    answers_only = [turns for _, _, turns in direct if len(turns) == 1]
+    assert len(answers_only) == 100
+    for (text, trained), *_ in answers_only:
+        assert text.startswith("answer: ") and trained  # the total, written by the model
+    assert all(len(turns) == 3 for _, _, turns in direct if len(turns) != 1)
 
 
 def test_reading_rows_train_on_the_transcript_only(saved_vlm):

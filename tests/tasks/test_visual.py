@@ -25,7 +25,9 @@ def _pixels(ex) -> bytes:
     return ex.meta["image"].tobytes()
 
 
-@pytest.mark.parametrize("style", ["receipt", "table", "tags", ("receipt", "table")])
+@pytest.mark.parametrize(
+    "style", ["receipt", "table", "page", "tags", ("receipt", "table"), ("receipt", "page")]
+)
 def test_rendering_is_deterministic_for_a_seed(style):
     task = VisualTask(style=style)
     first, again = task.examples(6, seed=11), task.examples(6, seed=11)
@@ -35,12 +37,12 @@ def test_rendering_is_deterministic_for_a_seed(style):
     assert [_pixels(a) for a in first] != [_pixels(b) for b in other]
 
 
-@pytest.mark.parametrize("style", ["receipt", "table", "tags"])
+@pytest.mark.parametrize("style", ["receipt", "table", "page", "tags"])
 def test_each_glyph_fills_one_cell_and_the_image_carries_the_numbers(style):
     for ex in VisualTask(style=style).examples(20, seed=3):
         image = np.asarray(ex.meta["image"]).astype(int)  # (64, 64, 3)
         assert image.shape == (GRID * CELL, GRID * CELL, 3)
-        paper = image[-1, -1]  # the bottom-right cell is always empty in both styles
+        paper = np.array(max(ex.meta["image"].getcolors())[1])  # the most common colour
         cells = ex.meta["cells"]
         for index, char in enumerate(cells):
             row, col = divmod(index, GRID)
@@ -82,6 +84,30 @@ def test_tables_are_a_header_then_rows_of_one_to_three_numbers_never_a_tags_card
         paper = max(ex.meta["image"].getcolors())[1]
         assert (0, 0, 0) in colours and min(paper) >= 220
     assert numbers_per_row == {1, 2, 3}  # lines of several numbers are trained, not only one
+
+
+def test_pages_put_the_numbers_among_words_anywhere_and_are_never_a_tags_card():
+    examples = VisualTask(style="page").examples(300, seed=9)
+    lines_per_page, numbers_with_words = set(), 0
+    for ex in examples:
+        lines = transcript(ex.meta["cells"]).split("\n")
+        words = " ".join(lines).split()
+        assert [int(w) for w in words if w.isdigit()] == ex.meta["values"]
+        assert all(w.isdigit() or w.isalpha() for w in words)
+        assert 1 <= sum(w.isalpha() for w in words) <= 3
+        assert not _is_tags_like(ex.meta["cells"])
+        lines_per_page.add(len(lines))
+        numbers_with_words += any(
+            any(w.isdigit() for w in line.split()) and any(w.isalpha() for w in line.split())
+            for line in lines
+        )
+    assert lines_per_page == {1, 2, 3, 4}
+    assert 0.2 < numbers_with_words / len(examples) < 0.9  # numbers share lines with words too
+    # Pages have an evaluation stream of their own.
+    pages = evaluation_examples("page", 20, 555)
+    assert {ex.meta["style"] for ex in pages} == {"page"}
+    receipts = evaluation_examples("receipt", 20, 555)
+    assert [ex.meta["values"] for ex in receipts] != [ex.meta["values"] for ex in pages]
 
 
 def test_a_style_mix_is_deterministic_covers_its_styles_and_keeps_single_styles_as_they_were():

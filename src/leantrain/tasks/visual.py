@@ -9,10 +9,12 @@ agentic coding setting, sized for the built-in tiny VLM).
              "\\n<output>\\n19\\n</output>\\n"          environment: the sandbox's stdout
              "answer: 19"                               model turn 2, then EOS
 
-Three styles. In-domain (styles to train on): `receipt` (a header, then item lines with their
+Four styles. In-domain (styles to train on): `receipt` (a header, then item lines with their
 prices) and `table` (a header, then rows of one to three space-separated numbers), both black
-ink on off-white paper. Held out (never trained on): `tags` (the numbers on one line at a
-random row and column, coloured ink on a tinted card, no header, no item names). `style` may
+ink on off-white paper, and `page` (no fixed layout: the numbers among a few letter words on one
+to four lines anywhere, coloured ink on tinted paper). Held out (never trained on): `tags` (the
+numbers on one line at a random row and column, coloured ink on a tinted card, no header, no
+words: never a page, which always has a word of letters). `style` may
 name several styles: each example then draws its own with the example's rng, as Visual-ARFT
 trains on several kinds of images.
 Every glyph sits in its own 8x8 cell, so a vision patch of the same size sees exactly one glyph.
@@ -67,7 +69,7 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TRANSCRIBED_FORMAT = re.compile(
     rf"{THINK_OPEN}\n.+?\n{THINK_CLOSE}\n(?:{EPISODE_FORMAT.pattern})", re.DOTALL
 )
-STYLES = ("receipt", "table", "tags")
+STYLES = ("receipt", "table", "page", "tags")
 # Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
 # reach into the cell below.
 GLYPHS = "0123456789ABCDEFGHIJKLMNOPRSTUVWXYZ?+"
@@ -79,7 +81,7 @@ _POOL_STRIDE = 1_000_003  # pool example i of pool_seed s renders from seed s * 
 # Evaluation sets of a seed: receipts and tags render from the seed itself (the sets every earlier
 # run used), a style added later from a stream of its own, so that its numbers are not the
 # receipts'.
-_EVAL_STREAM = {"receipt": 0, "tags": 0, "table": 1}
+_EVAL_STREAM = {"receipt": 0, "tags": 0, "table": 1, "page": 2}
 
 
 def _off_white(rng: random.Random) -> tuple[int, int, int]:
@@ -174,8 +176,8 @@ class VisualTask(Task):
     """Add up the numbers in a rendered image with the Python tool.
 
     Attributes:
-        style: `receipt` or `table` (in-domain) or `tags` (the held-out domain), or a list of
-            styles to draw each example's from (with the example's rng).
+        style: `receipt`, `table` or `page` (in-domain) or `tags` (the held-out domain), or a
+            list of styles to draw each example's from (with the example's rng).
         min_items: fewest numbers in an image.
         max_items: most numbers in an image (at most 3: one line of tags must fit 8 cells).
         max_value: largest number (1..99: two glyphs at most).
@@ -256,7 +258,12 @@ class VisualTask(Task):
             rng.randint(1, self.max_value)
             for _ in range(rng.randint(self.min_items, self.max_items))
         ]
-        layout = {"receipt": self._receipt, "table": self._table, "tags": self._tags}[style]
+        layout = {
+            "receipt": self._receipt,
+            "table": self._table,
+            "page": self._page,
+            "tags": self._tags,
+        }[style]
         lines, paper, ink = layout(values, rng)
         offset = (rng.randint(0, 2), rng.randint(0, 1))
         cells = text_grid(lines)
@@ -319,6 +326,37 @@ class VisualTask(Task):
             text = " ".join(map(str, numbers))
             lines[row] = " " * rng.randint(0, GRID - len(text)) + text
         return lines, _off_white(rng), (0, 0, 0)
+
+    @staticmethod
+    def _page(
+        values: list[int], rng: random.Random
+    ) -> tuple[dict[int, str], tuple[int, int, int], tuple[int, int, int]]:
+        """A page of no fixed layout: the values in reading order among one to three words of
+        letters, on one to four lines at random rows, each line from a random column, dark ink
+        of a random colour on light paper of a random tint (as `reading_page`). The total is
+        still "add every number on the image", wherever the numbers are; the letter words make
+        sure a page is never a tags card (a line of numbers only)."""
+        words = [str(value) for value in values]
+        for _ in range(rng.randint(1, 3)):
+            letters = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(1, 3)))
+            words.insert(rng.randint(0, len(words)), letters)
+        texts = [words[0]]
+        for word in words[1:]:
+            if rng.random() < 0.5 and len(texts[-1]) + 1 + len(word) <= GRID:
+                texts[-1] += f" {word}"
+            else:
+                texts.append(word)
+        while len(texts) > 4:  # at most 6 words of at most 3 glyphs: two short lines merge
+            merged = min(range(len(texts) - 1), key=lambda i: len(texts[i]) + len(texts[i + 1]))
+            texts[merged : merged + 2] = [f"{texts[merged]} {texts[merged + 1]}"]
+        rows = sorted(rng.sample(range(GRID), len(texts)))
+        lines = {
+            row: " " * rng.randint(0, GRID - len(text)) + text
+            for row, text in zip(rows, texts, strict=True)
+        }
+        paper = tuple(rng.randint(190, 255) for _ in range(3))
+        ink = tuple(rng.randint(0, 100) for _ in range(3))
+        return lines, paper, ink
 
     @staticmethod
     def _tags(
