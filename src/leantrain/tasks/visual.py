@@ -90,6 +90,13 @@ def _off_white(rng: random.Random) -> tuple[int, int, int]:
     return (shade, shade, shade - rng.randint(0, 15))
 
 
+def tinted_paper_and_ink(rng: random.Random) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Light paper of a random tint and dark ink of a random colour (pages to read)."""
+    paper = tuple(rng.randint(190, 255) for _ in range(3))
+    ink = tuple(rng.randint(0, 100) for _ in range(3))
+    return paper, ink
+
+
 def glyph_font() -> ImageFont.ImageFont:
     """Pillow's built-in bitmap font: 5x7-pixel glyphs, identical on every machine."""
     return ImageFont.load_default_imagefont()
@@ -158,8 +165,7 @@ def reading_page(rng: random.Random) -> tuple[dict[int, str], Image.Image]:
         only_line = next(iter(lines.values())).split() if len(lines) == 1 else None
         if not (only_line and all(word.isdigit() for word in only_line)):
             break
-    paper = tuple(rng.randint(190, 255) for _ in range(3))
-    ink = tuple(rng.randint(0, 100) for _ in range(3))
+    paper, ink = tinted_paper_and_ink(rng)
     offset = (rng.randint(0, 2), rng.randint(0, 1))
     return lines, render_grid(lines, paper=paper, ink=ink, offset=offset)
 
@@ -333,7 +339,7 @@ class VisualTask(Task):
     ) -> tuple[dict[int, str], tuple[int, int, int], tuple[int, int, int]]:
         """A page of no fixed layout: the values in reading order among one to three words of
         letters, on one to four lines at random rows, each line from a random column, dark ink
-        of a random colour on light paper of a random tint (as `reading_page`). The total is
+        of a random colour on light paper of a random tint (`tinted_paper_and_ink`). The total is
         still "add every number on the image", wherever the numbers are; the letter words make
         sure a page is never a tags card (a line of numbers only)."""
         words = [str(value) for value in values]
@@ -354,9 +360,7 @@ class VisualTask(Task):
             row: " " * rng.randint(0, GRID - len(text)) + text
             for row, text in zip(rows, texts, strict=True)
         }
-        paper = tuple(rng.randint(190, 255) for _ in range(3))
-        ink = tuple(rng.randint(0, 100) for _ in range(3))
-        return lines, paper, ink
+        return lines, *tinted_paper_and_ink(rng)
 
     @staticmethod
     def _tags(
