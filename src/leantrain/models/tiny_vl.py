@@ -155,10 +155,10 @@ class VisionWarmStartRecipe:
             trained layouts' reading. The same number of direct answers goes into every batch:
             drawn per episode, the batches' luck moved the first token's p(call) from 0.37 to
             0.66 between two seeds. Measured, and off by default: at 0.6 (p(call) 0.34-0.40 in
-            four builds; greedy answers directly, and the stop check never fires), GRPO learns
-            the call in every quick run (format 0% -> 91-100%) and in-domain rose +6 to +19
-            points, but what it adds is bounded by the reading (3-8% of held-out calls right
-            after GRPO), and held-out accuracy moved -6.2 to +6.2 (docs/benchmarks.md).
+            six builds; greedy answers directly, and the stop check never fires), GRPO learns
+            the call in every quick run (format 0% -> 91-100%) and in-domain rose +4.7 to +18.8
+            points, but what it adds is bounded by the reading (under 8% of held-out calls
+            right after GRPO), and held-out accuracy moved -6.2 to +6.2 (docs/benchmarks.md).
         stop_check_every: steps between those checks.
         stop_check_size: validation images in each check (split evenly over `task_styles`).
         max_value: largest number on a training image (`configs/tiny-vl-tools.yaml` uses the
