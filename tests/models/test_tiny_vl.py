@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import AutoProcessor, LlamaForCausalLM, LlavaForConditionalGeneration
 
+from leantrain.errors import LeantrainError
 from leantrain.models import PRESETS, load_model
 from leantrain.models.finetune import IGNORE
 from leantrain.models.tiny_vl import (
@@ -203,6 +204,15 @@ def test_direct_answer_episodes_skip_the_tool_and_a_zero_share_draws_nothing_mor
     for (text, trained), *_ in answers_only:
         assert text.startswith("answer: ") and trained  # the total, written by the model
     assert all(len(turns) == 3 for _, _, turns in direct if len(turns) != 1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("task_styles", ("receipt", "tags")), ("task_styles", ("menu",)), ("task_direct_share", 1.5)],
+)
+def test_a_recipe_that_trains_on_the_held_out_style_or_a_bad_share_is_refused(field, value):
+    with pytest.raises(LeantrainError, match=field):
+        VisionWarmStartRecipe(**{field: value})
 
 
 def test_reading_rows_train_on_the_transcript_only(saved_vlm):

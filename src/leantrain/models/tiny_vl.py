@@ -62,6 +62,7 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
+from leantrain.errors import LeantrainError
 from leantrain.models.build_cache import build_once
 from leantrain.models.finetune import IGNORE
 from leantrain.models.tiny import leantrain_home
@@ -187,6 +188,20 @@ class VisionWarmStartRecipe:
     stop_check_every: int = 20
     stop_check_size: int = 64
     max_value: int = 30
+
+    def __post_init__(self) -> None:
+        # A recipe that trains on the held-out style would make the benchmark's held-out domain
+        # an in-domain one, silently.
+        if "tags" in self.task_styles or not set(self.task_styles) <= set(STYLES):
+            raise LeantrainError(
+                f"tiny-vl recipe: invalid task_styles={self.task_styles!r} (styles of "
+                f"{[s for s in STYLES if s != 'tags']}; never 'tags', the held-out domain)"
+            )
+        if not 0.0 <= self.task_direct_share <= 1.0:
+            raise LeantrainError(
+                f"tiny-vl recipe: invalid task_direct_share={self.task_direct_share!r} "
+                "(a share of the task episodes: 0 to 1)"
+            )
 
 
 # Readable cache-folder tags of the recipe fields builds change most; any other field that
