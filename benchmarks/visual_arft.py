@@ -2,7 +2,8 @@
 and how often the model's tool calls really run.
 
 The `tiny-vl` preset (a CLIP vision tower + projector in front of the tiny Llama, warm-started on
-generic glyph reading and on rendered receipts; models/tiny_vl.py) is trained with
+generic glyph reading, generic transcription and rendered receipts, tables and pages, reading
+first and then answering, with the tool or without it; models/tiny_vl.py) is trained with
 GRPO (`configs/tiny-vl-tools.yaml`: decomposed rewards format / answer / tool, multi-turn
 episodes with the Python tool in the sandbox) on a small fixed training set (`--train-pool`
 images of the config's styles, drawn over and over for many epochs, as Visual-ARFT trains on
@@ -12,8 +13,8 @@ tens of examples), then evaluated greedily on
   set; each style's accuracy is in `details` too);
 - held-out domain: `tags` images (numbers on one line of a tinted card, no header, no item
   names), a style never trained on, neither by the warm start (its task stage trains receipts,
-  or with `task_styles` also tables, which always have a header, and pages, which always have a
-  word of letters; its generic reading pages are never a single line of numbers) nor by GRPO.
+  tables, which always have a header, and pages, which always have a word of letters; its
+  generic reading pages are never a single line of numbers) nor by GRPO.
 
 Accuracy is the `answer` reward (exact total). `read` is a probe of where a wrong answer comes
 from: the share of episodes whose first tool call adds exactly the image's numbers (the policy
@@ -51,7 +52,7 @@ from leantrain.generation import SamplingParams
 from leantrain.models.tiny_vl import ensure_tiny_vl
 from leantrain.rl.grpo import GRPORun, compute_autocast, example_inputs
 from leantrain.tasks import Example
-from leantrain.tasks.visual import THINK_CLOSE, THINK_OPEN, evaluation_examples
+from leantrain.tasks.visual import evaluation_examples
 from leantrain.telemetry.report import write_benchmark_json
 
 CONFIG = Path(__file__).parent.parent / "configs" / "tiny-vl-tools.yaml"
@@ -59,7 +60,7 @@ RESULTS = Path(__file__).parent / "results" / "visual_arft.json"
 _TEST_SEED = 777  # the test sets' seed; the training pool is pool_seed 0 of another stream
 HELD_OUT = "tags"  # the style never trained on
 _CALL = re.compile(r"<python>\nprint\(([0-9+]+)\)\n</python>")  # a call that adds numbers
-_READING = re.compile(rf"{THINK_OPEN}\n(.*?)\n{THINK_CLOSE}", re.DOTALL)  # `transcribe`'s reading
+_READING = re.compile(r"(.*?)\n<python>", re.DOTALL)  # `transcribe`'s reading, before the call
 
 
 def numbers_read(example: Example, episode_text: str) -> bool:

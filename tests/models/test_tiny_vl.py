@@ -22,6 +22,7 @@ from leantrain.models.tiny_vl import (
     _glyph_loss,
     _reading_rows,
     _sequence_batch,
+    _task_reading_rows,
     build_tiny_vl,
     episode_accuracy,
     glyph_accuracy,
@@ -116,12 +117,15 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     assert tiny_vl_dir().name == version
     assert tiny_vl_dir(recipe).name == (
         f"{version}-glyph_steps2-glyph_batch2-receipt+table-read2-reading_batch2-task_steps2"
-        "-task_batch2-pages2-think"
+        "-task_batch2-pages2"
     )
-    stop_later = VisionWarmStartRecipe(task_stop_accuracy=0.3)
-    assert tiny_vl_dir(stop_later).name == f"{version}-task_stop_accuracy0.3"
+    plain_start = VisionWarmStartRecipe(task_transcribe=False, task_direct_share=0.0)
+    assert tiny_vl_dir(plain_start).name == f"{version}-task_transcribeFalse-task_direct_share0.0"
+    stop_later = VisionWarmStartRecipe(task_stop_accuracy=0.45)
+    assert tiny_vl_dir(stop_later).name == f"{version}-task_stop_accuracy0.45"
     # Styles read from JSON come as a list: the default's list is the default.
-    assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=["receipt"])) == tiny_vl_dir()
+    default_styles = ["receipt", "table", "page"]
+    assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=default_styles)) == tiny_vl_dir()
     assert (
         tiny_vl_dir(VisionWarmStartRecipe(seed=1)).name
         == f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed1"
@@ -204,13 +208,38 @@ def test_direct_answer_episodes_skip_the_tool_and_a_zero_share_draws_nothing_mor
     for (text, trained), *_ in answers_only:
         assert text.startswith("answer: ") and trained  # the total, written by the model
     assert all(len(turns) == 3 for _, _, turns in direct if len(turns) != 1)
+    # Reading first, a direct answer still opens with the transcription.
+    reading = VisualTask(transcribe=True)
+    rows = _episode_rows(reading, random.Random(5), 16, direct_share=0.5)
+    for prompt, _, turns in rows:
+        assert prompt == "total?\n<image>read?\n"
+        reading_of = turns[0][0].split("\n<python>")[0].split("\nanswer: ")[0]
+        assert reading_of and "<python>" not in reading_of
+    assert sum(len(turns) == 1 for _, _, turns in rows) == 8
+
+
+def test_task_reading_rows_ask_read_of_the_task_images_and_end_after_the_transcript():
+    task = VisualTask(style=("receipt", "table"))
+    rows = _task_reading_rows(task, random.Random(2), 6)
+    examples = task.examples(6, seed=2)  # the same draws
+    for (prompt, image, pieces), ex in zip(rows, examples, strict=True):
+        assert prompt == "<image>read?\n"
+        assert image.tobytes() == ex.meta["image"].tobytes()
+        assert pieces == [(ex.meta["transcript"], True)]
+    assert {ex.meta["style"] for ex in examples} == {"receipt", "table"}
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("task_styles", ("receipt", "tags")), ("task_styles", ("menu",)), ("task_direct_share", 1.5)],
+    [
+        ("task_styles", ("receipt", "tags")),
+        ("task_styles", ("menu",)),
+        ("task_direct_share", 1.5),
+        ("task_read_batch", -1),
+        ("reading_steps", -5),
+    ],
 )
-def test_a_recipe_that_trains_on_the_held_out_style_or_a_bad_share_is_refused(field, value):
+def test_a_recipe_with_the_held_out_style_or_a_field_out_of_range_is_refused(field, value):
     with pytest.raises(LeantrainError, match=field):
         VisionWarmStartRecipe(**{field: value})
 

@@ -143,5 +143,9 @@ def test_the_shipped_config_builds_its_task():
 
     config = load_config(Path(__file__).parents[2] / "configs" / "tiny-vl-tools.yaml")
     task = make_task(config.task.name, **config.task.options)
-    assert isinstance(task, VisualTask) and task.style == "receipt"
+    assert isinstance(task, VisualTask) and task.styles == ("receipt", "table", "page")
+    assert task.transcribe and "tags" not in task.styles  # reads first; tags stay held out
     assert config.model.name == "tiny-vl"
+    # A transcription before the call must fit the turn and the episode.
+    ex = task.examples(1, seed=0)[0]
+    assert len(ex.solution) < min(config.sampling.max_new_tokens, task.episode_tokens)

@@ -149,11 +149,14 @@ def test_worked_solutions_score_full_marks(task):
 def test_transcribed_episodes_read_the_image_first_and_format_asks_for_it():
     plain, reading = VisualTask(style="tags"), VisualTask(style="tags", transcribe=True)
     for ex, ex_read in zip(plain.examples(5, seed=3), reading.examples(5, seed=3), strict=True):
-        # The same image and answer; only the worked solution gains the reading.
+        # The same image and answer; the question comes first and the image is asked `read?`
+        # (the reading stage's own context), and the worked solution gains the reading.
         assert _pixels(ex) == _pixels(ex_read) and ex.answer == ex_read.answer
+        assert ex.prompt == "<image>total?\n"
+        assert ex_read.prompt == "total?\n<image>read?\n"
         words = " ".join(map(str, ex.meta["values"]))  # a tags card says just its numbers
         assert ex_read.meta["transcript"] == words
-        assert ex_read.solution == f"<think>\n{words}\n</think>\n{ex.solution}"
+        assert ex_read.solution == f"{words}\n{ex.solution}"
         assert reading.score(ex_read, ex_read.solution) == {
             "format": 1.0,
             "answer": 1.0,
@@ -165,10 +168,26 @@ def test_transcribed_episodes_read_the_image_first_and_format_asks_for_it():
         assert plain.score(ex_read, ex_read.solution)["format"] == 0.0
         # Only the model's pieces are trained on: the reading is in the model's first turn.
         turns = reading.worked_turns(ex_read)
-        assert turns[0][0].startswith("<think>\n") and turns[0][0].endswith("</python>")
+        assert turns[0][0].startswith(f"{words}\n<python>") and turns[0][0].endswith("</python>")
         assert [by_model for _, by_model in turns] == [True, False, True]
-    empty = f"<think>\n\n</think>\n{ex.solution}"
-    assert reading.score(ex, empty)["format"] == 0.0  # a reading that reads nothing
+    assert reading.score(ex, f"\n{ex.solution}")["format"] == 0.0  # a reading of nothing
+    # A failed call is not a reading; after a reading, a retry is an episode like any other.
+    failed = "<python>\nprint(\n</python>\n<error>\nSyntaxError\n</error>\n"
+    assert reading.score(ex, failed + ex.solution)["format"] == 0.0
+    assert reading.score(ex, f"{words}\n{failed}{ex.solution}")["format"] == 1.0
+
+
+def test_direct_turns_answer_without_the_tool_after_the_reading():
+    plain, reading = VisualTask(), VisualTask(transcribe=True)
+    ex, ex_read = plain.examples(1, seed=4)[0], reading.examples(1, seed=4)[0]
+    assert plain.direct_turns(ex) == [(f"answer: {ex.answer}", True)]
+    assert reading.direct_turns(ex_read) == [
+        (f"{ex_read.meta['transcript']}\nanswer: {ex.answer}", True)
+    ]
+    # Right, but no tool: the answer counts and the tool and the episode's shape do not.
+    for task, example in ((plain, ex), (reading, ex_read)):
+        (text, _), *_ = task.direct_turns(example)
+        assert task.score(example, text) == {"format": 0.0, "answer": 1.0, "tool": 0.0}
 
 
 def _episode(task, ex, code: str) -> str:

@@ -1,13 +1,15 @@
 """The `tiny-vl` preset: a Llava-style vision-language model made of standard transformers parts,
 a 2-layer CLIP vision tower and a 2-layer MLP projector in front of the `tiny-tools` Llama, warm
 -started on its own rendered data (tasks/visual.py) so that visual tool GRPO
-(`configs/tiny-vl-tools.yaml`) starts from a policy that reads numbers off an image, calls the
-Python tool and copies its output, some of the time.
+(`configs/tiny-vl-tools.yaml`) starts from a policy that transcribes an image and then answers,
+calling the Python tool some of the time.
 
     image (64x64) -> CLIP patches (8x8, one glyph each; 64 of them) -> projector -> 64 image
     tokens in the LM's embedding space -> tiny-tools Llama (its weights copied, `<image>` added)
 
-Two warm-start stages:
+Three warm-start stages (recipe v4; v3, the glyph and task stages alone, is
+`VisionWarmStartRecipe(task_styles=("receipt",), reading_steps=0, read_batch=0,
+task_stop_accuracy=0.15, task_transcribe=False, task_direct_share=0.0, task_read_batch=0)`):
 1. Glyphs (generic visual reading, no task). The vision tower and projector learn to map each
    glyph patch onto the LM's input embedding of that character (an empty cell onto a space), on
    random character grids of random ink and paper colours and glyph positions: the squared
@@ -15,25 +17,18 @@ Two warm-start stages:
    character than any other. The LM then sees an image much as it sees text. (Recipe v2 used
    the squared distance alone and its tower misread half of the inked cells; this one reads all
    of them, on receipts and on the held-out tags: `glyph_accuracy`, recorded in `build.json`.)
-2. Task. The projector and the LM (the vision tower stays as stage 1 left it) are fine-tuned on
-   worked `visual` episodes of the in-domain styles `task_styles` (receipts; never the held-out
-   `tags` style), loss on the model's turns only (the environment's reply is read, never trained
-   on), as `tiny-tools` is on `tool_arith`, and stopped once greedy decoding solves
-   `task_stop_accuracy` of validation images of those styles, so that GRPO has room.
-   `task_direct_share` > 0 makes that share of the episodes answer at once, without the tool
-   (a start that has not settled on calling it); measured, and not the default: see
-   `task_direct_share`.
-   `task_styles=("receipt", "table")` adds tables, whose rows hold one to three numbers (a
-   receipt's lines hold one, and the receipts-only LM reads a held-out line of three numbers as
-   two); measured, and not the default: see `task_styles`. `read_batch` > 0 mixes
-   generic transcription into every batch (random pages of random glyph words at random rows and
-   columns, `<image>read?` -> what they say; an OCR signal, as real VLMs get, never the
-   `total?` question on a held-out style); off by default, see `read_batch`.
-
-Optionally (`reading_steps` > 0), a reading stage between the two: the projector and the LM learn
-to transcribe those random pages on their own, OCR pretraining as real VLMs get before task
-tuning (LLaVA's stage 1). It takes about 1000 steps before the transcription loss leaves its
-plateau; measured, and not the default: see `reading_steps`.
+2. Reading (`reading_steps`). The projector and the LM learn to transcribe random pages of
+   random glyph words at random rows and columns (`<image>read?` -> what they say; never a
+   tags card): OCR pretraining, as real VLMs get before task tuning (LLaVA's stage 1).
+3. Task. The projector and the LM (the vision tower stays as stage 1 left it) are fine-tuned on
+   worked `visual` episodes of the in-domain styles `task_styles` (receipts, tables and pages;
+   never the held-out `tags` style), loss on the model's turns only (the environment's reply is
+   read, never trained on), as `tiny-tools` is on `tool_arith`. The episodes read first
+   (`task_transcribe`: `total?\\n<image>read?\\n`, the transcription, then the call), and
+   `task_direct_share` of them answer after the reading without the tool, so that the start has
+   not settled on its tool and GRPO has the call to learn. Every batch also holds generic pages
+   (`read_batch`) and task images (`task_read_batch`) to transcribe, so that the reading stays
+   generic and only the question tells reading from adding.
 
 Built on first use, cached under `$LEANTRAIN_HOME/models/` as an ordinary Hugging Face folder with
 its processor (`AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(folder)`), one
@@ -91,7 +86,7 @@ _PROBE_SEED = 555  # validation images, never the benchmark's test seed (777)
 _READ_CHECK_PAGES = 128  # validation pages whose exact transcription build.json records
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
-TINY_VL_RECIPE_VERSION = 3
+TINY_VL_RECIPE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -110,56 +105,44 @@ class VisionWarmStartRecipe:
             smaller asks for a wider margin between a feature's own character and the others.
         glyph_mse_weight: weight of the squared distance to the character's embedding against
             that cross-entropy; high enough that features land on the rows, not just nearest.
-        task_styles: the `visual` styles stage 2 trains on (each episode draws one). Never
-            `tags`: the benchmark's held-out domain. Receipts only by default: with tables
-            too (a build that stopped at 360 steps), the held-out line-of-three misreads halved
-            (53 -> 25 of 128 validation tags) but exact reads stayed at 11 of 128, and GRPO
-            from it lowered held-out accuracy on validation images (quick runs -1.6 and -3.1,
-            the full run -3.5; docs/benchmarks.md).
-        reading_steps: optimizer steps of an optional reading stage between the glyph and the
-            task stages (0: none): the projector and the LM learn to transcribe random pages
-            (`read?`, `reading_batch` pages a step), generic OCR pretraining as real VLMs get
-            before task tuning. Its exact transcription rate on validation pages is in
-            `build.json`. The loss sits near 2.8 for about 1000 steps (lr 1e-3), then falls
-            (0.35 at 1500 steps: 56% of validation pages exact). Off by default: on its own,
-            the task stage after it (receipts) wiped the transcription out (54% -> 0%) and left
-            a policy that writes no well-formed tool call on held-out tags (0 of 128 right
-            reads); with pages mixed in (`read_batch` 8) and tables in `task_styles`, a
-            scratch build read 28 of 128 validation tags right (v3: 11), and GRPO from it
-            raised held-out accuracy in two quick runs (+12.5, +9.4) but lowered it in the
-            full one (-4.3); the same recipe built in one go read 0 of 128 tags right
-            (docs/benchmarks.md).
+        task_styles: the `visual` styles the task stage trains on (each episode draws one).
+            Never `tags`: the benchmark's held-out domain. Pages (numbers among letter words,
+            anywhere) make the call pick numbers out of any transcription, not one layout's.
+        reading_steps: optimizer steps of the reading stage between the glyph and the task
+            stages (0: none): the projector and the LM learn to transcribe random pages
+            (`read?`, `reading_batch` pages a step). Its exact transcription rate on validation
+            pages is in `build.json`. The loss sits near 2.8 for about 1000 steps (lr 1e-3),
+            then falls (0.35 at 1500 steps: 56% of validation pages exact); it takes most of
+            the build's time (about 400 of its 950 s of CPU).
         reading_batch: pages per reading step.
         reading_lr: reading stage AdamW learning rate.
         task_steps: most stage 2 (task) optimizer steps, projector and LM.
         task_batch: worked episodes per task step.
-        read_batch: random pages per task step, each to transcribe (`read?`): generic reading
-            of every word wherever it is. Measured, and off by default: a reading stage of its
-            own barely learned in 300 steps (loss 3.7 -> 2.9: too few, see `reading_steps`)
-            and left the task stage worse off; mixed in (8 per step), it raised the in-domain
-            start (400 steps: 14% -> 35% greedy, validation receipts) but GRPO from those
-            models improved neither domain reliably (one run of six gained on both; the runs
-            are in docs/benchmarks.md).
+        read_batch: random pages per task step, each to transcribe (`read?`): keeps the
+            reading stage's generic reading through the task stage.
         task_lr: stage 2 AdamW learning rate.
-        task_stop_accuracy: stage 2 stops once greedy decoding solves this share of validation
-            images, equally many of each of `task_styles` (checked exactly, by teacher
-            forcing), or after `task_steps` steps: a start GRPO can improve on. Where a fixed
-            step count lands moves with the data order (with pages mixed in, 400 steps gave 35%
-            in one build and 9% in another).
-        task_transcribe: the task episodes open with the image's transcription (`VisualTask`'s
-            `transcribe`: read first, then call the tool), the reading stage's `read?` output.
-        task_direct_share: share of the task stage's episodes that answer at once, from the
-            image alone, without the tool (`answer: N`, the right total): a start that has not
-            settled on calling the tool, as Visual-ARFT's base model answers without its tools.
-            What GRPO then learns first is to call the tool, a behaviour that does not depend on
-            the image's layout, where from v3 (always the tool) it could only sharpen the
-            trained layouts' reading. The same number of direct answers goes into every batch:
-            drawn per episode, the batches' luck moved the first token's p(call) from 0.37 to
-            0.66 between two seeds. Measured, and off by default: at 0.6 (p(call) 0.34-0.40 in
-            six builds; greedy answers directly, and the stop check never fires), GRPO learns
-            the call in every quick run (format 0% -> 91-100%) and in-domain rose +4.7 to +18.8
-            points, but what it adds is bounded by the reading (under 8% of held-out calls
-            right after GRPO), and held-out accuracy moved -6.2 to +6.2 (docs/benchmarks.md).
+        task_stop_accuracy: the task stage stops once greedy decoding solves this share of
+            validation images with the tool, equally many of each of `task_styles` (checked
+            exactly, by teacher forcing), or after `task_steps` steps: a start GRPO can improve
+            on. With direct answers greedy decoding does not call the tool, so the check does
+            not fire and the stage runs its `task_steps`.
+        task_transcribe: read first: the task episodes ask the question before the image and
+            `read?` of it, and open with the image's transcription, then the tool call
+            (`VisualTask`'s `transcribe`). Right after the image the context is the reading
+            stage's own, so the reading stays the generic one (use with `reading_steps`).
+        task_direct_share: share of the task stage's episodes that answer without the tool,
+            after the reading with `task_transcribe` (`VisualTask.direct_turns`): a start that
+            has not settled on calling the tool, as Visual-ARFT's base model answers without its
+            tools. What GRPO then learns first is to call the tool, a behaviour that does not
+            depend on the image's layout. The same number of direct answers goes into every
+            batch: drawn per episode, the batches' luck moved the first token's p(call) from
+            0.37 to 0.66 between two seeds. At 0.6 greedy decoding answers directly and sampling
+            calls the tool in about a third of the episodes.
+        task_read_batch: images of `task_styles` per task step asked `read?` (their
+            transcription, then the end). With `task_transcribe`, a transcription alone then
+            cannot tell the model whether to stop (`read?`) or to call the tool (`total?`): the
+            question must. Without them a reading-first build read held-out cards right and
+            then stopped, as `read?` does, on a layout the task never had.
         stop_check_every: steps between those checks.
         stop_check_size: validation images in each check (split evenly over `task_styles`).
         max_value: largest number on a training image (`configs/tiny-vl-tools.yaml` uses the
@@ -174,17 +157,18 @@ class VisionWarmStartRecipe:
     glyph_lr: float = 3e-3
     glyph_temperature: float = 0.01
     glyph_mse_weight: float = 300.0
-    task_styles: tuple[str, ...] = ("receipt",)
-    reading_steps: int = 0
+    task_styles: tuple[str, ...] = ("receipt", "table", "page")
+    reading_steps: int = 1500
     reading_batch: int = 16
     reading_lr: float = 1e-3
     task_steps: int = 800
     task_batch: int = 16
-    read_batch: int = 0
+    read_batch: int = 8
     task_lr: float = 2e-3
-    task_stop_accuracy: float = 0.15
-    task_transcribe: bool = False
-    task_direct_share: float = 0.0
+    task_stop_accuracy: float = 0.3
+    task_transcribe: bool = True
+    task_direct_share: float = 0.6
+    task_read_batch: int = 4
     stop_check_every: int = 20
     stop_check_size: int = 64
     max_value: int = 30
@@ -202,6 +186,11 @@ class VisionWarmStartRecipe:
                 f"tiny-vl recipe: invalid task_direct_share={self.task_direct_share!r} "
                 "(a share of the task episodes: 0 to 1)"
             )
+        for name in ("reading_steps", "read_batch", "task_read_batch"):
+            if getattr(self, name) < 0:  # a count of steps or rows; 0 is none
+                raise LeantrainError(
+                    f"tiny-vl recipe: invalid {name}={getattr(self, name)!r} (a count: 0 or more)"
+                )
 
 
 # Readable cache-folder tags of the recipe fields builds change most; any other field that
@@ -210,7 +199,6 @@ _DIR_TAGS = {
     "task_styles": lambda styles: "+".join(styles),
     "reading_steps": lambda steps: f"read{steps}",
     "read_batch": lambda pages: f"pages{pages}",
-    "task_transcribe": lambda _: "think",
 }
 
 
@@ -391,25 +379,37 @@ def _reading_rows(rng: random.Random, n: int) -> list:
     rows = []
     for _ in range(n):
         lines, image = reading_page(rng)
-        rows.append(
-            (f"{IMAGE_TOKEN}{READ_QUESTION}\n", image, [(transcript(text_grid(lines)), True)])
-        )
+        rows.append(_reading_row(image, transcript(text_grid(lines))))
     return rows
+
+
+def _task_reading_rows(task: VisualTask, rng: random.Random, n: int) -> list:
+    """`n` images of `task`'s styles, `read?`, what they say (then the end, not a tool call)."""
+    examples = [task.sample(rng) for _ in range(n)]
+    return [_reading_row(ex.meta["image"], ex.meta["transcript"]) for ex in examples]
+
+
+def _reading_row(image: Image.Image, text: str) -> tuple:
+    return (f"{IMAGE_TOKEN}{READ_QUESTION}\n", image, [(text, True)])
 
 
 def _episode_rows(task: VisualTask, rng: random.Random, n: int, direct_share: float = 0.0) -> list:
     """`n` worked episodes (prompt, model turn, environment reply, model turn), trained on the
     model's turns only: the environment's reply is read, never trained on. `direct_share` of
     them (rounded; the same number in every batch, so that the share the model's first token
-    learns does not wander with the batches' luck) answer at once, without the tool: the
-    episode's last turn alone."""
-    rows = _worked_rows(task, [task.sample(rng) for _ in range(n)])
+    learns does not wander with the batches' luck) answer at once, without the tool
+    (`VisualTask.direct_turns`)."""
+    examples = [task.sample(rng) for _ in range(n)]
     if not direct_share:  # draws nothing more: a recipe without it builds as it always did
-        return rows
+        return _worked_rows(task, examples)
     direct = set(rng.sample(range(n), round(direct_share * n)))
     return [
-        (prompt, image, turns[-1:] if i in direct else turns)
-        for i, (prompt, image, turns) in enumerate(rows)
+        (
+            ex.prompt,
+            ex.meta["image"],
+            task.direct_turns(ex) if i in direct else task.worked_turns(ex),
+        )
+        for i, ex in enumerate(examples)
     ]
 
 
@@ -451,12 +451,20 @@ def build_tiny_vl(
     def task_loss() -> torch.Tensor:
         rows = _episode_rows(task, rng, recipe.task_batch, recipe.task_direct_share)
         rows += _reading_rows(rng, recipe.read_batch)
+        rows += _task_reading_rows(task, rng, recipe.task_read_batch)
         return sequence_loss(rows)
 
     per_style = max(1, recipe.stop_check_size // len(recipe.task_styles))
     validation = {
         style: _worked_rows(
-            task, evaluation_examples(style, per_style, _PROBE_SEED, max_value=recipe.max_value)
+            task,
+            evaluation_examples(
+                style,
+                per_style,
+                _PROBE_SEED,
+                max_value=recipe.max_value,
+                transcribe=recipe.task_transcribe,
+            ),
         )
         for style in recipe.task_styles
     }

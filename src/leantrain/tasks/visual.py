@@ -20,9 +20,12 @@ trains on several kinds of images.
 Every glyph sits in its own 8x8 cell, so a vision patch of the same size sees exactly one glyph.
 Rendering uses Pillow's built-in bitmap font only, so a seed gives the same pixels everywhere.
 
-With `transcribe`, the model's first turn opens with what the image says, then the call:
-`"<think>\\nRECEIPT\\nAB 12\\nKW 7\\n</think>\\n<python>..."` (Visual-ARFT's think step, here
-the reading; the same text `read?` asks for).
+With `transcribe`, the prompt asks the question first and then shows the image with the generic
+reading cue, `"total?\\n<image>read?\\n"`, and the model's first turn opens with what the image
+says, then the call: `"RECEIPT\\nAB 12\\nKW 7\\n<python>..."` (Visual-ARFT's think step, here the
+reading). Right after the image the context is the one `read?` has on its own, so the reading is
+the generic one a reading stage trains, on any layout; the call then picks the numbers out of
+text.
 
 Rewards: `format` is 1 for tool calls each followed by the environment's reply, then
 `answer: N` (after the reading, with `transcribe`); `answer` is 1 when the last `answer:` is the
@@ -50,6 +53,7 @@ from leantrain.tasks.base import Example, Task
 from leantrain.tasks.tool_arith import (
     ANSWER,
     EPISODE_FORMAT,
+    TOOL_OPEN,
     TOOL_OUTPUT,
     TOOL_STOP,
     ToolArithTask,
@@ -63,12 +67,9 @@ GRID = 8  # cells per side: a 64x64 image
 IMAGE_SIZE = CELL * GRID
 QUESTION = "total?"
 READ_QUESTION = "read?"  # generic transcription (the warm start's reading stage); not a task
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-# With `transcribe`, an episode opens with the model's transcription of the image, then the
-# tool protocol's episode as usual.
-TRANSCRIBED_FORMAT = re.compile(
-    rf"{THINK_OPEN}\n.+?\n{THINK_CLOSE}\n(?:{EPISODE_FORMAT.pattern})", re.DOTALL
-)
+# With `transcribe`, an episode opens with the model's transcription of the image (text without
+# a tool call in it), then the tool protocol's episode as usual.
+TRANSCRIBED_FORMAT = re.compile(rf"(?:(?!{TOOL_OPEN}).)+\n(?:{EPISODE_FORMAT.pattern})", re.DOTALL)
 STYLES = ("receipt", "table", "page", "tags")
 # Capitals and digits fit the 8x8 cell; lowercase g, j, p, q, y and Q have descenders that would
 # reach into the cell below.
@@ -194,11 +195,13 @@ class VisualTask(Task):
         pool: 0 draws a new example every time; N > 0 draws from a fixed set of N examples
             (Visual-ARFT trains on tens of examples for many epochs).
         pool_seed: which fixed set `pool` draws from.
-        transcribe: the episode's first turn opens with the model's transcription of the image
-            between `<think>` and `</think>` (what the page says, as `read?` asks for it), then
-            the tool call: Visual-ARFT's think step, made the reading a reader does before
-            adding. A layout the task never trained on then needs only generic reading and
-            picking the numbers out of text. `format` requires it.
+        transcribe: read first. The prompt puts the question before the image and asks `read?`
+            of it (`total?\\n<image>read?\\n`), and the episode's first turn opens with the
+            model's transcription of the image (what the page says, as `read?` asks for it),
+            then the tool call: Visual-ARFT's think step, made the reading a reader does before
+            adding. Right after the image the context is `read?`'s own, so a layout the task
+            never trained on needs only the generic reading and picking the numbers out of
+            text. `format` requires the reading.
     """
 
     style: str | tuple[str, ...] = "receipt"
@@ -274,7 +277,7 @@ class VisualTask(Task):
         offset = (rng.randint(0, 2), rng.randint(0, 1))
         cells = text_grid(lines)
         example = Example(
-            prompt=f"{IMAGE_TOKEN}{QUESTION}\n",
+            prompt=self._prompt,
             answer=str(sum(values)),
             meta={
                 "image": render_grid(lines, paper=paper, ink=ink, offset=offset),
@@ -290,12 +293,19 @@ class VisualTask(Task):
     def worked_turns(self, example: Example) -> list[tuple[str, bool]]:
         """`example` solved, as (text, written by the model) pieces (`tool_arith.worked_turns`),
         the transcription first with `transcribe`."""
-        turns = worked_turns(example.meta["expression"], example.answer)
-        if not self.transcribe:
-            return turns
-        (call, by_model), *rest = turns
-        reading = f"{THINK_OPEN}\n{example.meta['transcript']}\n{THINK_CLOSE}\n"
-        return [(reading + call, by_model), *rest]
+        (call, by_model), *rest = worked_turns(example.meta["expression"], example.answer)
+        return [(self._reading(example) + call, by_model), *rest]
+
+    def direct_turns(self, example: Example) -> list[tuple[str, bool]]:
+        """`example` answered without the tool, from the image alone (after the transcription,
+        with `transcribe`), as a model that has not learnt its tool answers; one model piece."""
+        answer, _ = worked_turns(example.meta["expression"], example.answer)[-1]
+        return [(self._reading(example) + answer, True)]
+
+    def _reading(self, example: Example) -> str:
+        """What the model writes before its call or answer: the transcription with
+        `transcribe`, else nothing."""
+        return f"{example.meta['transcript']}\n" if self.transcribe else ""
 
     @staticmethod
     def _receipt(
@@ -373,6 +383,12 @@ class VisualTask(Task):
         paper = tuple(rng.randint(200, 255) for _ in range(3))
         ink = tuple(rng.randint(0, 90) for _ in range(3))
         return lines, paper, ink
+
+    @property
+    def _prompt(self) -> str:
+        if self.transcribe:  # the question first: right after the image, `read?`'s own context
+            return f"{QUESTION}\n{IMAGE_TOKEN}{READ_QUESTION}\n"
+        return f"{IMAGE_TOKEN}{QUESTION}\n"
 
     @property
     def _format(self) -> re.Pattern[str]:
