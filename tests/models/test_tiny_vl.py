@@ -23,6 +23,7 @@ from leantrain.models.tiny_vl import (
     _reading_rows,
     _sequence_batch,
     _task_reading_rows,
+    _validation_rows,
     build_tiny_vl,
     episode_accuracy,
     glyph_accuracy,
@@ -211,11 +212,28 @@ def test_direct_answer_episodes_skip_the_tool_and_a_zero_share_draws_nothing_mor
     # Reading first, a direct answer still opens with the transcription.
     reading = VisualTask(transcribe=True)
     rows = _episode_rows(reading, random.Random(5), 16, direct_share=0.5)
-    for prompt, _, turns in rows:
+    examples = reading.examples(16, seed=5)  # the rows' examples: the same first draws
+    for (prompt, _, turns), ex in zip(rows, examples, strict=True):
         assert prompt == "total?\n<image>read?\n"
-        reading_of = turns[0][0].split("\n<python>")[0].split("\nanswer: ")[0]
-        assert reading_of and "<python>" not in reading_of
+        first, trained = turns[0]
+        assert trained and first.startswith(ex.meta["transcript"] + "\n")
+        after = first.removeprefix(ex.meta["transcript"] + "\n")
+        assert after == f"answer: {ex.answer}" if len(turns) == 1 else after.startswith("<python>")
     assert sum(len(turns) == 1 for _, _, turns in rows) == 8
+
+
+@pytest.mark.parametrize("transcribe", [False, True])
+def test_the_stop_check_asks_what_the_task_asks(transcribe):
+    recipe = VisionWarmStartRecipe(task_transcribe=transcribe, stop_check_size=9)
+    task = VisualTask(style=recipe.task_styles, transcribe=transcribe)
+    validation = _validation_rows(task, recipe)
+    assert list(validation) == ["receipt", "table", "page"]
+    prompt = task.examples(1, seed=0)[0].prompt
+    for rows in validation.values():
+        assert len(rows) == 3  # 9 split over three styles
+        for row_prompt, _, turns in rows:
+            assert row_prompt == prompt  # the prompt the task trains and GRPO asks
+            assert turns[0][0].startswith("<python>") != transcribe
 
 
 def test_task_reading_rows_ask_read_of_the_task_images_and_end_after_the_transcript():

@@ -397,7 +397,7 @@ def _episode_rows(task: VisualTask, rng: random.Random, n: int, direct_share: fl
     """`n` worked episodes (prompt, model turn, environment reply, model turn), trained on the
     model's turns only: the environment's reply is read, never trained on. `direct_share` of
     them (rounded; the same number in every batch, so that the share the model's first token
-    learns does not wander with the batches' luck) answer at once, without the tool
+    learns does not wander with the batches' luck) answer without the tool
     (`VisualTask.direct_turns`)."""
     examples = [task.sample(rng) for _ in range(n)]
     if not direct_share:  # draws nothing more: a recipe without it builds as it always did
@@ -411,6 +411,21 @@ def _episode_rows(task: VisualTask, rng: random.Random, n: int, direct_share: fl
         )
         for i, ex in enumerate(examples)
     ]
+
+
+def _validation_rows(task: VisualTask, recipe: VisionWarmStartRecipe) -> dict[str, list]:
+    """The task stage's stop check: worked episodes of validation images of each of `task`'s
+    styles (`stop_check_size` split evenly), with the task's own prompt and options."""
+    per_style = max(1, recipe.stop_check_size // len(task.styles))
+    return {
+        style: _worked_rows(
+            task,
+            evaluation_examples(
+                style, per_style, _PROBE_SEED, max_value=task.max_value, transcribe=task.transcribe
+            ),
+        )
+        for style in task.styles
+    }
 
 
 def _worked_rows(task: VisualTask, examples: list[Example]) -> list:
@@ -454,20 +469,7 @@ def build_tiny_vl(
         rows += _task_reading_rows(task, rng, recipe.task_read_batch)
         return sequence_loss(rows)
 
-    per_style = max(1, recipe.stop_check_size // len(recipe.task_styles))
-    validation = {
-        style: _worked_rows(
-            task,
-            evaluation_examples(
-                style,
-                per_style,
-                _PROBE_SEED,
-                max_value=recipe.max_value,
-                transcribe=recipe.task_transcribe,
-            ),
-        )
-        for style in recipe.task_styles
-    }
+    validation = _validation_rows(task, recipe)
     validation_rows = [row for rows in validation.values() for row in rows]
     validation_pages = _reading_rows(random.Random(_PROBE_SEED), _READ_CHECK_PAGES)
     losses: dict[str, float] = {}
