@@ -265,6 +265,13 @@ class RLConfig(Strict):
         "auto", description="auto picks CUDA if present."
     )
     out: Path = Field(Path("runs/rl"), description="Run folder: metrics, plots, checkpoints.")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch intra-op threads of this process, set when the run starts (None: "
+        "leave torch's count, one per core by default). Float sums are split by the thread "
+        "count, so a run repeats bit for bit only at the same count.",
+    )
     max_batch_size: int = Field(
         128, ge=1, description="Live sequences in the rollout engine at once."
     )

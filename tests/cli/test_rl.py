@@ -53,4 +53,6 @@ def test_rl_runs_and_resumes(tiny_path: Path, tmp_path: Path) -> None:
 def test_demo_runs_its_settings_and_a_given_steps_wins(tmp_path: Path) -> None:
     cfg = demo_config(None, tmp_path / "demo", None)
     assert cfg.steps == 150 and cfg.grpo.lr_schedule == "cosine" and cfg.model.name == "tiny"
+    assert cfg.threads == 2  # the README's figures on any machine's core count
     assert demo_config(3, tmp_path / "demo", "cpu").steps == 3
+    assert demo_config(None, tmp_path / "demo", None, threads=1).threads == 1

@@ -161,7 +161,7 @@ def test_drafter_cache_and_long_tail_metrics(tiny, tiny_path, tmp_path, monkeypa
     monkeypatch.setenv("LEANTRAIN_HOME", str(tmp_path / "home"))
     recipe = WarmStart(prompts=4, max_new_tokens=16, steps=3)
     built = ensure_drafter(tiny_path, model, tok, recipe, progress=False)
-    assert (drafter_dir(tiny_path) / "build.json").exists()
+    assert (drafter_dir(tiny_path, recipe) / "build.json").exists()
     loaded = ensure_drafter(tiny_path, model, tok, recipe, progress=False)
     for (name, a), b in zip(built.state_dict().items(), loaded.state_dict().values(), strict=True):
         assert torch.equal(a.cpu(), b.cpu()), name

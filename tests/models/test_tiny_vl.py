@@ -112,25 +112,29 @@ def test_build_writes_a_loadable_folder(tiny_path, tmp_path):
     assert isinstance(model, LlavaForConditionalGeneration)
     assert load_processor(tmp_path / "built").image_token == "<image>"
     assert "tiny-vl" in PRESETS
-    # Another recipe is another build: every non-default field is in the folder's name, so a
-    # build never reuses another recipe's weights; the common ones by a readable tag.
+    # Another recipe is another build: every non-default field is in the folder's name, the
+    # common ones by a readable tag, and the whole recipe's hash ends it, so a build never reuses
+    # another recipe's weights.
     version = f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed0"
-    assert tiny_vl_dir().name == version
-    assert tiny_vl_dir(recipe).name == (
+
+    def name(recipe: VisionWarmStartRecipe) -> str:
+        return tiny_vl_dir(recipe).name.rsplit("-", 1)[0]  # without the hash
+
+    assert name(VisionWarmStartRecipe()) == version
+    assert name(recipe) == (
         f"{version}-glyph_steps2-glyph_batch2-receipt+table-read2-reading_batch2-task_steps2"
         "-task_batch2-pages2"
     )
     plain_start = VisionWarmStartRecipe(task_transcribe=False, task_direct_share=0.0)
-    assert tiny_vl_dir(plain_start).name == f"{version}-task_transcribeFalse-task_direct_share0.0"
+    assert name(plain_start) == f"{version}-task_transcribeFalse-task_direct_share0.0"
     stop_later = VisionWarmStartRecipe(task_stop_accuracy=0.45)
-    assert tiny_vl_dir(stop_later).name == f"{version}-task_stop_accuracy0.45"
+    assert name(stop_later) == f"{version}-task_stop_accuracy0.45"
+    hashes = {tiny_vl_dir(r).name.rsplit("-", 1)[1] for r in (recipe, plain_start, stop_later)}
+    assert len(hashes) == 3 and all(len(h) == 10 for h in hashes)
     # Styles read from JSON come as a list: the default's list is the default.
     default_styles = ["receipt", "table", "page"]
     assert tiny_vl_dir(VisionWarmStartRecipe(task_styles=default_styles)) == tiny_vl_dir()
-    assert (
-        tiny_vl_dir(VisionWarmStartRecipe(seed=1)).name
-        == f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed1"
-    )
+    assert name(VisionWarmStartRecipe(seed=1)) == f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed1"
 
 
 def test_glyph_loss_is_lowest_on_the_embedding_rows_and_asks_for_a_margin():

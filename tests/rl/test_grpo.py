@@ -229,3 +229,28 @@ def test_multi_turn_task_refused_with_async_rollouts(small_rl_config: RLConfig) 
     cfg.orchestrator.mode = "async"
     with pytest.raises(LeantrainError, match="multi-turn"):
         GRPORun(cfg, progress=False)
+
+
+# The recipe's first four steps on the deterministic `tiny` build, at the suite's one thread:
+# (loss, grad norm, mean reward) as logged. Any change to sampling, scoring, advantages, the loss,
+# packing or the optimizer moves them; a refactor that keeps the recipe keeps them. Loss is near
+# 0 early by construction (ratio 1 on-policy, zero-mean advantages), so the grad norms carry most
+# of the pin. Measured at the commit after f991697 (deterministic builds); update them only with
+# a change that means to change the recipe, and say so.
+PINNED_STEPS = [
+    (-0.0, 0.59125, 0.425),
+    (0.0, 1.762072, 0.225),
+    (-0.0, 0.664009, 0.1375),
+    (0.021417, 0.61239, 0.06875),
+]
+
+
+def test_first_four_steps_are_pinned(small_rl_config: RLConfig) -> None:
+    assert torch.get_num_threads() == 1  # the pin holds at the suite's thread count
+    cfg = small_rl_config.model_copy(update={"steps": 4, "checkpoint_every": 4})
+    GRPORun(cfg, progress=False).run()
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    logged = [(r["loss"], r["grad_norm"], r["reward"]) for r in records]
+    assert len(logged) == 4
+    for step, (got, pinned) in enumerate(zip(logged, PINNED_STEPS, strict=True), start=1):
+        assert got == pytest.approx(pinned, abs=1e-6), f"step {step}"

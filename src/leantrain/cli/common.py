@@ -55,3 +55,11 @@ StepsOpt = Annotated[int | None, typer.Option("--steps", help="Optimizer steps."
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", help="Run folder.")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", help="auto, cpu or cuda.")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Seed for prompts and sampling.")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        help="Torch intra-op threads of this process (default: one per core). A run repeats bit "
+        "for bit at the same count.",
+    ),
+]

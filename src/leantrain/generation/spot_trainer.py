@@ -33,7 +33,7 @@ from leantrain.generation.drafter import EagleDrafter, drafter_loss
 from leantrain.generation.engine import Completion, Engine
 from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
-from leantrain.models.build_cache import build_once
+from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.tasks import ArithTask
 
 # Bump when the warm-start recipe changes, so stale cached drafters are rebuilt.
@@ -289,10 +289,12 @@ def warm_start(
     return drafter, losses
 
 
-def drafter_dir(model: str | Path) -> Path:
-    """Cache folder of the warm-started drafter of a preset or local model folder."""
+def drafter_dir(model: str | Path, recipe: WarmStart = WarmStart()) -> Path:
+    """Cache folder of the drafter `recipe` warm-starts for a preset or local model folder (the
+    recipe and the target's folder hashed in)."""
     path = resolve_model_path(model).resolve()
-    return leantrain_home() / "drafters" / f"{path.name}-v{DRAFTER_RECIPE_VERSION}"
+    tag = recipe_hash(recipe, version=DRAFTER_RECIPE_VERSION, target=path.name)
+    return leantrain_home() / "drafters" / f"{path.name}-v{DRAFTER_RECIPE_VERSION}-{tag}"
 
 
 def ensure_drafter(
@@ -322,7 +324,7 @@ def ensure_drafter(
         }
         (staging / "build.json").write_text(json.dumps(info, indent=2) + "\n")
 
-    folder = build_once(drafter_dir(model), build)
+    folder = build_once(drafter_dir(model, recipe), build)
     state = load_file(folder / "drafter.safetensors", device=str(next(target.parameters()).device))
     drafter = EagleDrafter(target, state.get("vocab"))
     drafter.load_state_dict(state)

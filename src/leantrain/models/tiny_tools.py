@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import build_once
+from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
-from leantrain.models.tiny import ensure_tiny, leantrain_home
+from leantrain.models.tiny import ensure_tiny, leantrain_home, tiny_dir
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
@@ -40,8 +40,8 @@ class ToolWarmStartRecipe:
     Attributes:
         seed: fixes the data; the same seed builds the same weights.
         steps: optimizer steps; few enough that the answer comes out right only part of the
-            time (67% of 64 held-out episodes, greedy), which leaves GRPO something to learn.
-            167 s to build on a contended 2-core CPU (about 0.6 s of CPU per step on one thread).
+            time (44 of 64 held-out episodes, greedy, on the deterministic build), which leaves
+            GRPO something to learn. 94 s to build at the build's one thread.
         batch_size: episodes per step (each gives one row per model turn).
         chunks: forward passes per step (rows of similar length padded together).
         lr: constant AdamW learning rate.
@@ -68,7 +68,10 @@ class ToolWarmStartRecipe:
 
 
 def tiny_tools_dir(recipe: ToolWarmStartRecipe = ToolWarmStartRecipe()) -> Path:
-    name = f"tiny-tools-v{TINY_TOOLS_RECIPE_VERSION}-seed{recipe.seed}"
+    """The cache folder of `recipe`'s build on the default `tiny` base (its folder is hashed in:
+    a rebuilt base gives a rebuilt `tiny-tools`)."""
+    tag = recipe_hash(recipe, version=TINY_TOOLS_RECIPE_VERSION, base=tiny_dir().name)
+    name = f"tiny-tools-v{TINY_TOOLS_RECIPE_VERSION}-seed{recipe.seed}-{tag}"
     return leantrain_home() / "models" / name
 
 

@@ -58,10 +58,10 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import build_once
+from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.models.finetune import IGNORE
 from leantrain.models.tiny import leantrain_home
-from leantrain.models.tiny_tools import ensure_tiny_tools
+from leantrain.models.tiny_tools import ensure_tiny_tools, tiny_tools_dir
 from leantrain.models.vision import encode_image_prompt
 from leantrain.tasks.base import Example
 from leantrain.tasks.visual import (
@@ -203,9 +203,9 @@ _DIR_TAGS = {
 
 
 def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path:
-    """The cache folder of `recipe`'s build: the recipe version and seed, then a tag for every
-    field that differs from its default, so that a build never reuses another recipe's
-    weights."""
+    """The cache folder of `recipe`'s build: the recipe version and seed, a readable tag for every
+    field that differs from its default, then the hash of the whole recipe and its base, so that
+    a build never reuses another recipe's weights."""
     default = VisionWarmStartRecipe(seed=recipe.seed)
     tags = []
     for spec in fields(recipe):
@@ -215,6 +215,7 @@ def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path
         if value != getattr(default, spec.name):
             tag = _DIR_TAGS.get(spec.name)
             tags.append(tag(value) if tag else f"{spec.name}{value}")
+    tags.append(recipe_hash(recipe, version=TINY_VL_RECIPE_VERSION, base=tiny_tools_dir().name))
     name = "-".join([f"tiny-vl-v{TINY_VL_RECIPE_VERSION}-seed{recipe.seed}", *tags])
     return leantrain_home() / "models" / name
 

@@ -193,6 +193,8 @@ class GRPORun:
         self.progress = progress
         self.out = Path(config.out)
         self.device = pick_device(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
         self._setup_model()
         self._setup_task()

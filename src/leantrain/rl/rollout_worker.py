@@ -80,7 +80,12 @@ class RolloutWorker:
             config.model.name, device=str(self.device), dtype="float32"
         )
         self.model.eval().requires_grad_(False)
-        self.engine = Engine(self.model, self.tokenizer, max_batch_size=config.max_batch_size)
+        self.engine = Engine(
+            self.model,
+            self.tokenizer,
+            max_batch_size=config.max_batch_size,
+            max_cache_tokens=config.max_cache_tokens,
+        )
         self.task = make_task(config.task.name, **config.task.options)
         s = config.sampling
         self.sampling = SamplingParams(

@@ -22,7 +22,8 @@ import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.models import leantrain_home, load_model
-from leantrain.models.build_cache import build_once
+from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.models.tiny import tiny_dir
 from leantrain.safety.corpus import Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import save_model, sft
 
@@ -68,7 +69,12 @@ def memorised_dir(recipe: MemoriseRecipe, variant: Variant) -> Path:
     tag = (
         f"s{c.seed}-n{c.n_people}-f{c.n_forget}-{recipe.steps}x{recipe.batch_size}-lr{recipe.lr:g}"
     )
-    return leantrain_home() / "models" / f"privfacts-v{MEMORISE_RECIPE_VERSION}-{tag}-{variant}"
+    # The hash covers every field (shots, the corpus's fields) and the tiny base's folder.
+    digest = recipe_hash(
+        recipe, version=MEMORISE_RECIPE_VERSION, variant=variant, base=tiny_dir().name
+    )
+    name = f"privfacts-v{MEMORISE_RECIPE_VERSION}-{tag}-{variant}-{digest}"
+    return leantrain_home() / "models" / name
 
 
 def ensure_memorised(
