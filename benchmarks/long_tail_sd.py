@@ -79,11 +79,11 @@ class Rollout:
 
 
 def timed_rollout(run: GRPORun, step: int) -> Rollout:
-    """One rollout phase with whatever speculator `run.engine` holds."""
+    """One rollout phase with whatever speculator the run's rollout engine holds."""
     start = time.perf_counter()
-    sample = run.sample(step)
+    sample = run.source.sample(step)
     seconds = time.perf_counter() - start
-    s = run.engine.speculator.stats
+    s = run.source.engine.speculator.stats
     return Rollout(seconds, s.tail_s, s.tokens, s.tail_tokens, s.mean_accept_len, sample)
 
 
@@ -169,7 +169,9 @@ def main() -> None:
         rollout_model = (
             run.model if args.dtype == "float32" else copy.deepcopy(run.model).to(torch.bfloat16)
         )
-        run.engine = Engine(rollout_model, run.tokenizer, max_batch_size=config.max_batch_size)
+        run.source.engine = Engine(
+            rollout_model, run.tokenizer, max_batch_size=config.max_batch_size
+        )
         spec_config = SpeculativeConfig(
             enabled=True, threshold=args.threshold, draft_lengths=args.draft_lengths
         )
@@ -182,9 +184,9 @@ def main() -> None:
 
         # In a run the bandit carries what it learnt from step to step; an untimed rollout
         # (an earlier RL step, other prompts) lets it stop exploring blindly, as it would have.
-        run.engine.speculator = long_tail.speculator
+        run.source.engine.speculator = long_tail.speculator
         for step in range(1, args.warmup + 1):
-            run.sample(step)
+            run.source.sample(step)
         runs: dict[str, list] = {"plain": [], "speculative": []}
         sides = {"plain": observer, "speculative": long_tail.speculator}
         for rep in range(args.repeats):
@@ -193,10 +195,10 @@ def main() -> None:
             step = 0 if rep == 0 else args.warmup + rep
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for side in order:
-                run.engine.speculator = sides[side]
+                run.source.engine.speculator = sides[side]
                 runs[side].append(timed_rollout(run, step=step))
         start = time.perf_counter()
-        trajectories = run.score(*runs["plain"][0].sample)
+        trajectories = run.source.score(*runs["plain"][0].sample, run.version)
         run.train_step(trajectories)
         update_s = time.perf_counter() - start
 

@@ -50,7 +50,8 @@ from rich.table import Table
 from leantrain.config import load_config
 from leantrain.generation import SamplingParams
 from leantrain.models.tiny_vl import ensure_tiny_vl
-from leantrain.rl.grpo import GRPORun, compute_autocast, example_inputs
+from leantrain.rl.grpo import GRPORun
+from leantrain.rl.rollout import compute_autocast, example_inputs
 from leantrain.tasks import Example
 from leantrain.tasks.visual import evaluation_examples
 from leantrain.telemetry.report import write_benchmark_json
@@ -84,9 +85,10 @@ def evaluate(run: GRPORun, examples: list[Example]) -> dict:
     them and, under `by_style`, the answer accuracy, `numbers_read` and `transcribed` of each
     style among them."""
     prompts = [example_inputs(run.tokenizer, run.processor, ex)[0] for ex in examples]
-    params = SamplingParams(max_new_tokens=run.sampling.max_new_tokens, temperature=0.0)
+    params = SamplingParams(max_new_tokens=run.config.sampling.max_new_tokens, temperature=0.0)
     with compute_autocast(run.config, run.device):
-        episodes = run.engine.generate(prompts, params, **run.image_inputs(examples))
+        images = run.source.image_inputs(examples)
+        episodes = run.source.engine.generate(prompts, params, **images)
     parts = [run.task.score(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
     calls = [call.outcome for ep in episodes for call in ep.tool_calls]
     read = [numbers_read(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]

@@ -55,7 +55,7 @@ def test_step_changes_every_trained_tensor_and_logs(small_rl_config: RLConfig) -
 
 def test_trajectories_keep_tokens_and_versions(small_rl_config: RLConfig) -> None:
     run = GRPORun(small_rl_config, progress=False)
-    trajectories = run.rollout(0)
+    trajectories = run.source.rollout(0, run.version)
     assert len(trajectories) == 16
     assert sorted({t.group_id for t in trajectories}) == [0, 1, 2, 3]
     for t in trajectories:
@@ -102,7 +102,7 @@ def test_cosine_schedule_sets_the_optimizer_lr(small_rl_config: RLConfig) -> Non
     # 1e-3 * 0.4 * (1 + cos(3 pi / 4)) / 2
     for step, expected in ((0, 1e-4), (3, 5.858e-5)):
         run.step = step  # what the run loop advances
-        stats = run.train_step(run.rollout(step))
+        stats = run.train_step(run.source.rollout(step, run.version))
         assert stats["lr"] == pytest.approx(expected, rel=1e-3)
         assert run.optimizer.param_groups[0]["lr"] == stats["lr"]
 
@@ -122,8 +122,8 @@ def test_decoupled_correction_reuses_the_training_forward(
             small_rl_config.model_copy(update={"out": small_rl_config.out / str(one_pass)}),
             progress=False,
         )
-        stale = run.rollout(0)  # sampled by version 0 ...
-        run.train_step(run.rollout(1))  # ... trained on by version 1
+        stale = run.source.rollout(0, run.version)  # sampled by version 0 ...
+        run.train_step(run.source.rollout(1, run.version))  # ... trained on by version 1
         monkeypatch.setattr(grpo, "dropout_free", lambda model: one_pass)
         calls.clear()
         run.train_step(stale, correction="decoupled", is_cap=2.0)
@@ -139,7 +139,7 @@ def test_decoupled_correction_reuses_the_training_forward(
 
 def test_non_finite_loss_skips_the_update(small_rl_config: RLConfig, monkeypatch) -> None:
     run = GRPORun(small_rl_config, progress=False)
-    trajectories = run.rollout(0)
+    trajectories = run.source.rollout(0, run.version)
     before = _weights(run)
     real = grpo.packed_logprobs
     monkeypatch.setattr(grpo, "packed_logprobs", lambda *a, **k: real(*a, **k) * float("nan"))
@@ -169,7 +169,7 @@ def test_reward_crash_is_recorded_and_run_goes_on(small_rl_config: RLConfig, mon
         raise RuntimeError("verifier exploded")
 
     monkeypatch.setattr(run.task, "score", broken)
-    trajectories = run.rollout(0)
+    trajectories = run.source.rollout(0, run.version)
     assert all(t.error == "RuntimeError: verifier exploded" for t in trajectories)
     assert all(t.reward == 0.0 for t in trajectories)
     run.train_step(trajectories)  # all-zero advantages: a no-op step, not a crash
@@ -189,7 +189,7 @@ def test_train_variants(small_rl_config: RLConfig, update: dict, expect: str) ->
     grpo_cfg = small_rl_config.grpo.model_copy(update=update)
     run = GRPORun(small_rl_config.model_copy(update={"grpo": grpo_cfg}), progress=False)
     before = _weights(run)
-    stats = run.train_step(run.rollout(0))
+    stats = run.train_step(run.source.rollout(0, run.version))
     assert stats["skipped"] == 0.0 and math.isfinite(stats[expect])
     assert run.version == update.get("num_iterations", 1)  # one version per optimizer step
     assert any(not torch.equal(before[k], v) for k, v in _weights(run).items())
@@ -202,14 +202,16 @@ def test_speculative_rollouts_equal_plain_ones_when_greedy(small_rl_config: RLCo
     greedy = small_rl_config.model_copy(deep=True)
     greedy.sampling.temperature = 0.0
     greedy.steps = 1
-    plain = GRPORun(greedy, progress=False).rollout(0)
+    plain = GRPORun(greedy, progress=False).source.rollout(0, 0)
     spec_cfg = greedy.model_copy(deep=True)
     spec_cfg.out = greedy.out.with_name("spec")
     spec_cfg.speculative.enabled = True
     spec_cfg.speculative.drafters = ["suffix"]  # model-free: no drafter warm start in a test
     spec_cfg.speculative.threshold = 16
     run = GRPORun(spec_cfg, progress=False)
-    assert [t.response_ids for t in run.rollout(0)] == [t.response_ids for t in plain]
+    assert [t.response_ids for t in run.source.rollout(0, run.version)] == [
+        t.response_ids for t in plain
+    ]
     run.run()
     record = json.loads((spec_cfg.out / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["spec_drafted_fraction"] > 0.0 and record["spec_accept_len"] >= 1.0

@@ -295,7 +295,7 @@ def test_async_workers_keep_to_the_kv_budget(
     tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from leantrain.generation import Engine
-    from leantrain.rl.grpo import step_batch
+    from leantrain.rl.rollout import step_batch
 
     cfg = _config(
         tiny_path,

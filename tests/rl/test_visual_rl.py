@@ -105,7 +105,7 @@ def test_grpo_step_with_images_trains_and_writes_the_report(vlm_dir, tmp_path, f
 
     # An untrained policy earns no reward, so give the step's responses distinct rewards to
     # get a gradient, and check what moved.
-    trajectories = run.rollout(run.step)
+    trajectories = run.source.rollout(run.step, run.version)
     assert all(t.pixel_values is not None and t.pixel_values.shape[0] == 1 for t in trajectories)
     scored = [replace(t, reward=float(i % 2)) for i, t in enumerate(trajectories)]
     tower = run.model.model.vision_tower

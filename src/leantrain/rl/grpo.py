@@ -37,17 +37,17 @@ from typing import Any
 import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers import ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.long_tail import LongTail
-from leantrain.models import encode_prompt, load_model, pick_device, resolve_model_path
-from leantrain.models.vision import encode_image_prompt, is_vision_config, load_processor
+from leantrain.models import load_model, pick_device, resolve_model_path
+from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.advantages import group_advantages
 from leantrain.rl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
+from leantrain.rl.episodes import EpisodeRunner, is_multi_turn
 from leantrain.rl.losses import policy_loss
 from leantrain.rl.off_policy import correction_inputs
 from leantrain.rl.packing import (
@@ -58,18 +58,22 @@ from leantrain.rl.packing import (
     packed_logprobs,
     token_metrics,
 )
+from leantrain.rl.rollout import (
+    RolloutSource,
+    compute_autocast,
+    example_inputs,
+    refuse_unsupported,
+)
 from leantrain.rl.trajectory import Trajectory
 from leantrain.rl.vision_report import VisionReport
 from leantrain.tasks import Example, Task, make_task
-from leantrain.tasks.rewards import RewardWeights, score_safely
+from leantrain.tasks.rewards import score_safely
 from leantrain.telemetry import JsonlSink, plot_metrics
 
 log = logging.getLogger(__name__)
 
-# Seed streams: training prompts, held-out prompts and sampling never share a seed.
-_PROMPT_SEED_STRIDE = 100_003
+# Held-out prompts' seed stream, apart from the training prompts' and sampling's (rl/rollout.py).
 _EVAL_SEED_OFFSET = 1_000_003
-_SAMPLING_SEED_OFFSET = 7_919
 
 PLOT_KEYS = ("reward", "accuracy", "loss", "response_len_p50", "response_len_max", "tokens_per_s")
 
@@ -109,80 +113,6 @@ def accuracy_part(parts: dict[str, float]) -> float:
     return parts.get("answer", parts.get("tool", 0.0))
 
 
-def compute_autocast(config: RLConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """Where forward passes run in bf16 (weights stay fp32): on CUDA under dtype `auto`, or
-    whenever dtype is `bfloat16`. Rollout workers use it too, so they sample as the trainer."""
-    dtype = {
-        "auto": torch.bfloat16 if device.type == "cuda" else None,
-        "float32": None,
-        "bfloat16": torch.bfloat16,
-    }[config.model.dtype]
-    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
-
-
-def example_inputs(
-    tokenizer: PreTrainedTokenizerBase, processor: ProcessorMixin | None, example: Example
-) -> tuple[list[int], torch.Tensor | None]:
-    """`example`'s prompt ids and, when it carries an image (`meta["image"]`: one PIL image or a
-    list), their pixel values (n_images, C, H, W) through the VLM's `processor`."""
-    image = example.meta.get("image")
-    if image is None:
-        return encode_prompt(tokenizer, example.prompt), None
-    if processor is None:
-        raise LeantrainError(
-            "the task's examples carry images but the model is text-only: use a vision-language "
-            "model (the `tiny-vl` preset or a local VLM folder saved with its processor)"
-        )
-    return encode_image_prompt(
-        processor, example.prompt, image if isinstance(image, list) else [image]
-    )
-
-
-def step_batch(
-    task: Task,
-    tokenizer: PreTrainedTokenizerBase,
-    config: RLConfig,
-    step: int,
-    processor: ProcessorMixin | None = None,
-) -> tuple[list[Example], list[list[int]], int]:
-    """Step `step`'s prompts, its prompt-major batch (`group_size` copies of each prompt's ids)
-    and its sampling seed. A function of the config and the step only, so any rollout worker
-    rebuilds any step's batch, and a re-queued batch is the same batch. Image prompts need the
-    VLM's `processor` (their pixel values: `example_inputs`)."""
-    g = config.grpo
-    examples = task.examples(g.prompts_per_step, config.seed * _PROMPT_SEED_STRIDE + step)
-    prompt_ids = [example_inputs(tokenizer, processor, ex)[0] for ex in examples]
-    batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
-    return examples, batch, config.seed * _SAMPLING_SEED_OFFSET + step
-
-
-def to_trajectory(
-    tokenizer: PreTrainedTokenizerBase,
-    task: Task,
-    weights: RewardWeights,
-    c: Completion,
-    example: Example,
-    group: int,
-    versions: list[int],
-) -> Trajectory:
-    """Score one completion into a trajectory; `versions` is the policy version of each token."""
-    text = tokenizer.decode(c.response_ids, skip_special_tokens=True)
-    score = score_safely(task, example, text, weights)
-    return Trajectory(
-        prompt_ids=c.prompt_ids,
-        response_ids=c.response_ids,
-        logprobs=c.logprobs,
-        versions=versions,
-        loss_mask=[1] * len(c.response_ids),
-        finish_reason=c.finish_reason,
-        rewards=score.parts,
-        reward=score.total,
-        group_id=group,
-        text=text,
-        error=score.error,
-    )
-
-
 class GRPORun:
     """A GRPO run: set up in the constructor, then `run()`. `sample`, `score` (together
     `rollout`), `train_step` and `evaluate` are public so tests and other orchestrators (the async
@@ -220,22 +150,12 @@ class GRPORun:
                 seed=self.config.seed,
                 progress=self.progress,
             )
-        self.engine = Engine(
-            self.model,
-            self.tokenizer,
-            max_batch_size=self.config.max_batch_size,
-            max_cache_tokens=self.config.max_cache_tokens,
-            speculator=None if self.long_tail is None else self.long_tail.speculator,
-        )
         self.ref_model = None
         if self.config.grpo.beta > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        s = self.config.sampling
-        self.sampling = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-        )
         # The trainer recomputes the engine's logprobs: log_softmax(logits / T), T=1 when greedy.
-        self.logprob_temperature = s.temperature if s.temperature > 0 else 1.0
+        temperature = self.config.sampling.temperature
+        self.logprob_temperature = temperature if temperature > 0 else 1.0
 
     def _setup_vision(self) -> None:
         """A VLM's processor (None for a text-only model), and its vision tower frozen on request
@@ -259,24 +179,30 @@ class GRPORun:
         self.heldout: list[Example] = self.task.examples(
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
+        refuse_unsupported(self.config, self.task, self.heldout[0])
+        engine: Engine | EpisodeRunner = Engine(
+            self.model,
+            self.tokenizer,
+            max_batch_size=self.config.max_batch_size,
+            max_cache_tokens=self.config.max_cache_tokens,
+            speculator=None if self.long_tail is None else self.long_tail.speculator,
+        )
         # Multi-turn tool tasks: rollouts and evaluations become episodes (rl/episodes.py).
         if is_multi_turn(self.task):
-            if self.config.orchestrator.mode != "sync":
-                # The async rollout workers build their own engines and run single-turn.
-                raise LeantrainError(
-                    f"task {t.name!r} is multi-turn and needs orchestrator.mode: sync "
-                    f"(got {self.config.orchestrator.mode!r})"
-                )
-            self.engine = EpisodeRunner(self.engine, self.task)
+            engine = EpisodeRunner(engine, self.task)
         self.report: VisionReport | None = None
         if "image" in self.heldout[0].meta:
             example_inputs(self.tokenizer, self.processor, self.heldout[0])  # text-only: error
-            if self.config.orchestrator.mode != "sync":
-                raise LeantrainError(
-                    f"task {t.name!r} has image prompts and needs orchestrator.mode: sync (got "
-                    f"{self.config.orchestrator.mode!r}); rollout workers run text prompts only"
-                )
             self.report = VisionReport(self.out / "report.html")
+        self.source = RolloutSource(
+            self.config,
+            engine,
+            self.tokenizer,
+            self.task,
+            self.device,
+            processor=self.processor,
+            long_tail=self.long_tail,
+        )
 
     def _setup_optimizer(self) -> None:
         g = self.config.grpo
@@ -310,69 +236,6 @@ class GRPORun:
     # --------------------------------------------------------------- rollout
     def _autocast(self) -> contextlib.AbstractContextManager:
         return compute_autocast(self.config, self.device)
-
-    def rollout(self, step: int) -> list[Trajectory]:
-        """`group_size` responses to each of this step's prompts, scored, as trajectories."""
-        return self.score(*self.sample(step))
-
-    def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
-        """This step's prompts and `group_size` sampled completions of each, prompt-major."""
-        examples, batch, seed = step_batch(
-            self.task, self.tokenizer, self.config, step, self.processor
-        )
-        images = self.image_inputs(examples, self.config.grpo.group_size)
-        if self.long_tail is None:
-            with self._autocast():
-                completions = self.engine.generate(batch, self.sampling, seed=seed, **images)
-            return examples, completions
-        with self._autocast():
-            completions = self.engine.generate(
-                batch,
-                self.sampling,
-                seed=seed,
-                return_hidden_states=self.long_tail.capture,
-                **images,
-            )
-        self.long_tail.observe(step, completions)  # the drafter's training data
-        return examples, completions
-
-    def image_inputs(self, examples: list[Example], repeat: int = 1) -> dict[str, list]:
-        """`{"images": pixel values per prompt}` for the engine, each example's `repeat` times
-        in a row (prompt-major, as `step_batch`); {} for text examples."""
-        if self.processor is None or "image" not in examples[0].meta:
-            return {}
-        pixels = [example_inputs(self.tokenizer, self.processor, ex)[1] for ex in examples]
-        return {"images": [pv for pv in pixels for _ in range(repeat)]}
-
-    def score(self, examples: list[Example], completions: list[Completion]) -> list[Trajectory]:
-        """Score completions (from `sample`) into trajectories; a crashing scorer scores 0.
-        Trajectories of image prompts carry their pixel values for the training forward."""
-        group = self.config.grpo.group_size
-        pixels = self.image_inputs(examples).get("images", [None] * len(examples))
-        if completions and isinstance(completions[0], Episode):  # one row per episode segment
-            return [
-                row
-                for i, ep in enumerate(completions)
-                for row in episode_trajectories(
-                    ep,
-                    score_safely(self.task, examples[i // group], ep.text, self.weights),
-                    self.version,
-                    i // group,
-                    pixel_values=pixels[i // group],
-                )
-            ]
-        return [
-            self._to_trajectory(c, examples[i // group], i // group, pixels[i // group])
-            for i, c in enumerate(completions)
-        ]
-
-    def _to_trajectory(
-        self, c: Completion, example: Example, group: int, pixel_values: torch.Tensor | None
-    ) -> Trajectory:
-        versions = [self.version] * len(c.response_ids)
-        row = to_trajectory(self.tokenizer, self.task, self.weights, c, example, group, versions)
-        row.pixel_values = pixel_values
-        return row
 
     # ----------------------------------------------------------------- train
     def train_step(
@@ -474,10 +337,11 @@ class GRPORun:
     def evaluate(self, examples: list[Example] | None = None) -> float:
         """Greedy accuracy on the held-out problems (or `examples`)."""
         examples = self.heldout if examples is None else examples
-        params = SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=0.0)
+        params = SamplingParams(max_new_tokens=self.config.sampling.max_new_tokens, temperature=0)
         prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
         with self._autocast():
-            completions = self.engine.generate(prompts, params, **self.image_inputs(examples))
+            images = self.source.image_inputs(examples)
+            completions = self.source.engine.generate(prompts, params, **images)
         solved = 0.0
         for ex, c in zip(examples, completions, strict=False):
             text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)
@@ -547,9 +411,10 @@ class GRPORun:
 
     def _one_step(self, totals: Timer) -> dict[str, Any]:
         t0 = time.perf_counter()
-        examples, completions = self.sample(self.step)
+        examples, completions = self.source.sample(self.step)
         t1 = time.perf_counter()
-        trajectories = self.score(examples, completions)  # scoring counts as idle time
+        # Scoring counts as idle time.
+        trajectories = self.source.score(examples, completions, self.version)
         t_train = time.perf_counter()
         stats = self.train_step(trajectories)
         t2 = time.perf_counter()

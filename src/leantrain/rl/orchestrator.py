@@ -41,7 +41,6 @@ import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import BatchBuffer, Published, RolloutBatch, StallError, WeightStore
-from leantrain.rl.episodes import is_multi_turn
 from leantrain.rl.rollout_worker import FaultPlan
 
 if TYPE_CHECKING:
@@ -265,11 +264,6 @@ class AsyncOrchestrator:
         self.cfg = run.config.orchestrator
         if run.config.orchestrator.mode == "sync":
             raise LeantrainError("AsyncOrchestrator needs orchestrator.mode async or partial")
-        if is_multi_turn(run.task):
-            raise LeantrainError(
-                f"task {run.config.task.name} is multi-turn; async orchestration runs "
-                "single-turn tasks only (use orchestrator.mode: sync)"
-            )
         if self.cfg.mode == "partial" and self.cfg.backend != "local":
             raise LeantrainError(
                 "orchestrator.mode partial runs on the local backend only (workers poll the "
@@ -414,7 +408,7 @@ class AsyncOrchestrator:
             return 0.0
         self._doing(f"generating batch {index} itself (no worker ready)", busy=True)
         t0 = time.perf_counter()
-        trajectories = self.run.rollout(index)
+        trajectories = self.run.source.rollout(index, self.run.version)
         seconds = time.perf_counter() - t0
         self.buffer.put(
             RolloutBatch(index, trajectories, self.run.version, "trainer", attempt, seconds, 0.0)

@@ -24,10 +24,10 @@ import torch
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.generation import Completion, Engine
 from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
-from leantrain.rl.grpo import compute_autocast, step_batch, to_trajectory
+from leantrain.rl.rollout import RolloutSource
 from leantrain.tasks import make_task
 
 # Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
@@ -80,17 +80,15 @@ class RolloutWorker:
             config.model.name, device=str(self.device), dtype="float32"
         )
         self.model.eval().requires_grad_(False)
-        self.engine = Engine(
+        engine = Engine(
             self.model,
             self.tokenizer,
             max_batch_size=config.max_batch_size,
             max_cache_tokens=config.max_cache_tokens,
         )
-        self.task = make_task(config.task.name, **config.task.options)
-        s = config.sampling
-        self.sampling = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-        )
+        task = make_task(config.task.name, **config.task.options)
+        # The trainer's own rollout path, on this worker's copy of the policy.
+        self.source = RolloutSource(config, engine, self.tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> float:
@@ -119,22 +117,15 @@ class RolloutWorker:
                 )
             sync_s += self.load(version, weights)
         t0 = time.perf_counter()
-        examples, prompts, seed = step_batch(self.task, self.tokenizer, self.config, index)
-        with compute_autocast(self.config, self.device):
-            if self.config.orchestrator.mode == "partial":
+        if self.config.orchestrator.mode == "partial":
+            examples, prompts, seed = self.source.batch(index)
+            with self.source.autocast():
                 completions, versions, switch_s = self._segments(prompts, seed, newest)
-            else:
-                completions = self.engine.generate(prompts, self.sampling, seed=seed)
-                versions = [[version] * len(c.response_ids) for c in completions]
+        else:
+            examples, completions = self.source.sample(index)
+            versions = [[version] * len(c.response_ids) for c in completions]
         self.faults.strike(index, attempt)
-        group = self.config.grpo.group_size
-        reward_weights = self.config.task.reward_weights
-        trajectories = [
-            to_trajectory(
-                self.tokenizer, self.task, reward_weights, c, examples[i // group], i // group, v
-            )
-            for i, (c, v) in enumerate(zip(completions, versions, strict=True))
-        ]
+        trajectories = self.source.score(examples, completions, versions)
         return RolloutBatch(
             index=index,
             trajectories=trajectories,
@@ -150,9 +141,10 @@ class RolloutWorker:
     ) -> tuple[list[Completion], list[list[int]], float]:
         """Partial mode: decode `segment_tokens` at a time, switching to newer weights between
         segments. Returns the completions, each token's version, and seconds spent loading."""
-        budget = self.sampling.max_new_tokens
+        sampling = self.source.sampling
+        budget = sampling.max_new_tokens
         segment_tokens = min(budget, self.config.orchestrator.segment_tokens)
-        segment = replace(self.sampling, max_new_tokens=segment_tokens)
+        segment = replace(sampling, max_new_tokens=segment_tokens)
         partial = [Completion(list(p), [], [], "length") for p in prompts]
         versions: list[list[int]] = [[] for _ in prompts]
         sync_s = 0.0
@@ -163,7 +155,7 @@ class RolloutWorker:
             latest = newest() if newest is not None else None
             if latest is not None and latest[0] > self.version:
                 sync_s += self.load(*latest)  # abort and resume on the new version
-            outs = self.engine.generate(
+            outs = self.source.engine.generate(
                 [partial[i].prompt_ids + partial[i].response_ids for i in live],
                 segment,
                 seed=seed + k * _SEGMENT_SEED_STRIDE,

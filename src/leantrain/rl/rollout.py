@@ -1,0 +1,232 @@
+"""The one rollout path: a step's prompts, sampled on a backend at one policy version, scored into
+trajectories. `RolloutSource` runs in-process (the synchronous run, and the trainer when it
+generates a batch itself) and inside every rollout worker (thread, process, Ray actor), so the
+two can never drift apart: the same prompts, seeds, sampling, KV budget and scoring everywhere.
+
+A step's batch is a function of the config and the step index only (`step_batch`), so any worker
+rebuilds any step's batch and a re-queued batch is the same batch. What a worker cannot do (tool
+episodes, image prompts, speculation) is refused once, at set-up, by `refuse_unsupported`.
+
+Knows nothing about training, optimizers or scheduling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+from leantrain.config import RLConfig
+from leantrain.errors import LeantrainError
+from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.generation.long_tail import LongTail
+from leantrain.models import encode_prompt
+from leantrain.models.vision import encode_image_prompt
+from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
+from leantrain.rl.trajectory import Trajectory
+from leantrain.tasks import Example, Task
+from leantrain.tasks.rewards import RewardWeights, score_safely
+
+# Seed streams: training prompts and sampling never share a seed (held-out prompts: rl/grpo.py).
+_PROMPT_SEED_STRIDE = 100_003
+_SAMPLING_SEED_OFFSET = 7_919
+
+
+def sampling_params(config: RLConfig) -> SamplingParams:
+    """The rollout engine's sampling settings from the run config."""
+    s = config.sampling
+    return SamplingParams(
+        max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
+    )
+
+
+def compute_autocast(config: RLConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """Where forward passes run in bf16 (weights stay fp32): on CUDA under dtype `auto`, or
+    whenever dtype is `bfloat16`. Rollouts and training use the same, so workers sample as the
+    trainer scores."""
+    dtype = {
+        "auto": torch.bfloat16 if device.type == "cuda" else None,
+        "float32": None,
+        "bfloat16": torch.bfloat16,
+    }[config.model.dtype]
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def example_inputs(
+    tokenizer: PreTrainedTokenizerBase, processor: ProcessorMixin | None, example: Example
+) -> tuple[list[int], torch.Tensor | None]:
+    """`example`'s prompt ids and, when it carries an image (`meta["image"]`: one PIL image or a
+    list), their pixel values (n_images, C, H, W) through the VLM's `processor`."""
+    image = example.meta.get("image")
+    if image is None:
+        return encode_prompt(tokenizer, example.prompt), None
+    if processor is None:
+        raise LeantrainError(
+            "the task's examples carry images but the model is text-only: use a vision-language "
+            "model (the `tiny-vl` preset or a local VLM folder saved with its processor)"
+        )
+    return encode_image_prompt(
+        processor, example.prompt, image if isinstance(image, list) else [image]
+    )
+
+
+def step_batch(
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    config: RLConfig,
+    step: int,
+    processor: ProcessorMixin | None = None,
+) -> tuple[list[Example], list[list[int]], int]:
+    """Step `step`'s prompts, its prompt-major batch (`group_size` copies of each prompt's ids)
+    and its sampling seed. A function of the config and the step only, so any rollout worker
+    rebuilds any step's batch, and a re-queued batch is the same batch. Image prompts need the
+    VLM's `processor` (their pixel values: `example_inputs`)."""
+    g = config.grpo
+    examples = task.examples(g.prompts_per_step, config.seed * _PROMPT_SEED_STRIDE + step)
+    prompt_ids = [example_inputs(tokenizer, processor, ex)[0] for ex in examples]
+    batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
+    return examples, batch, config.seed * _SAMPLING_SEED_OFFSET + step
+
+
+def to_trajectory(
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    weights: RewardWeights,
+    c: Completion,
+    example: Example,
+    group: int,
+    versions: list[int],
+) -> Trajectory:
+    """Score one completion into a trajectory; `versions` is the policy version of each token."""
+    text = tokenizer.decode(c.response_ids, skip_special_tokens=True)
+    score = score_safely(task, example, text, weights)
+    return Trajectory(
+        prompt_ids=c.prompt_ids,
+        response_ids=c.response_ids,
+        logprobs=c.logprobs,
+        versions=versions,
+        loss_mask=[1] * len(c.response_ids),
+        finish_reason=c.finish_reason,
+        rewards=score.parts,
+        reward=score.total,
+        group_id=group,
+        text=text,
+        error=score.error,
+    )
+
+
+def refuse_unsupported(config: RLConfig, task: Task, heldout: Example) -> None:
+    """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
+    prompts run in the synchronous loop only (speculation is refused by the config itself)."""
+    mode = config.orchestrator.mode
+    if mode == "sync":
+        return
+    if is_multi_turn(task):
+        raise LeantrainError(
+            f"task {config.task.name!r} is multi-turn and needs orchestrator.mode: sync "
+            f"(got {mode!r}); rollout workers run single-turn tasks only"
+        )
+    if "image" in heldout.meta:
+        raise LeantrainError(
+            f"task {config.task.name!r} has image prompts and needs orchestrator.mode: sync (got "
+            f"{mode!r}); rollout workers run text prompts only"
+        )
+
+
+class RolloutSource:
+    """Prompts + backend + task + sampling -> scored trajectories, for any step.
+
+    Args:
+        config: the run config (task, sampling, group size, reward weights, seed).
+        engine: the backend: the rollout `Engine`, or an `EpisodeRunner` around it for tool
+            tasks (the same `generate`).
+        tokenizer: the policy's tokenizer.
+        task: the task that makes prompts and scores responses.
+        device: where the policy lives (autocast follows it).
+        processor: a VLM's processor (image prompts), else None.
+        long_tail: the long-tail speculation, whose drafter trains on the captured rollouts.
+    """
+
+    def __init__(
+        self,
+        config: RLConfig,
+        engine: Engine | EpisodeRunner,
+        tokenizer: PreTrainedTokenizerBase,
+        task: Task,
+        device: torch.device,
+        processor: ProcessorMixin | None = None,
+        long_tail: LongTail | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.task = task
+        self.device = device
+        self.processor = processor
+        self.long_tail = long_tail
+        self.sampling = sampling_params(config)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return compute_autocast(self.config, self.device)
+
+    def batch(self, step: int) -> tuple[list[Example], list[list[int]], int]:
+        """Step `step`'s examples, prompt-major prompt ids and sampling seed (`step_batch`)."""
+        return step_batch(self.task, self.tokenizer, self.config, step, self.processor)
+
+    def rollout(self, step: int, version: int) -> list[Trajectory]:
+        """`group_size` responses to each of step `step`'s prompts, sampled at `version`,
+        scored."""
+        examples, completions = self.sample(step)
+        return self.score(examples, completions, version)
+
+    def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
+        """Step `step`'s prompts and `group_size` sampled completions of each, prompt-major."""
+        examples, batch, seed = self.batch(step)
+        images = self.image_inputs(examples, self.config.grpo.group_size)
+        capture = {} if self.long_tail is None else {"return_hidden_states": self.long_tail.capture}
+        with self.autocast():
+            completions = self.engine.generate(batch, self.sampling, seed=seed, **capture, **images)
+        if self.long_tail is not None:
+            self.long_tail.observe(step, completions)  # the drafter's training data
+        return examples, completions
+
+    def image_inputs(self, examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
+        """`{"images": pixel values per prompt}` for the engine, each example's `repeat` times
+        in a row (prompt-major, as `step_batch`); {} for text examples."""
+        if self.processor is None or "image" not in examples[0].meta:
+            return {}
+        pixels = [example_inputs(self.tokenizer, self.processor, ex)[1] for ex in examples]
+        return {"images": [pv for pv in pixels for _ in range(repeat)]}
+
+    def score(
+        self,
+        examples: Sequence[Example],
+        completions: Sequence[Completion],
+        versions: int | Sequence[Sequence[int]],
+    ) -> list[Trajectory]:
+        """Score completions (from `sample`) into trajectories; a crashing scorer scores 0.
+        `versions`: the policy version that sampled them, or each completion's per-token
+        versions (partial rollouts). Trajectories of image prompts carry their pixel values for
+        the training forward; an episode gives one row per segment."""
+        group = self.config.grpo.group_size
+        weights = self.config.task.reward_weights
+        pixels = self.image_inputs(examples).get("images", [None] * len(examples))
+        rows: list[Trajectory] = []
+        for i, c in enumerate(completions):
+            example, image = examples[i // group], pixels[i // group]
+            v = versions if isinstance(versions, int) else list(versions[i])
+            if isinstance(c, Episode):
+                if not isinstance(v, int):  # tool episodes run in the synchronous loop only
+                    raise LeantrainError("an episode is sampled on one policy version")
+                score = score_safely(self.task, example, c.text, weights)
+                rows += episode_trajectories(c, score, v, i // group, pixel_values=image)
+                continue
+            token_versions = [v] * len(c.response_ids) if isinstance(v, int) else v
+            row = to_trajectory(
+                self.tokenizer, self.task, weights, c, example, i // group, token_versions
+            )
+            row.pixel_values = image
+            rows.append(row)
+        return rows
