@@ -199,7 +199,7 @@ def main() -> None:
                 runs[side].append(timed_rollout(run, step=step))
         start = time.perf_counter()
         trajectories = run.source.score(*runs["plain"][0].sample, run.version)
-        run.train_step(trajectories)
+        run.learner.step(trajectories)
         update_s = time.perf_counter() - start
 
     def median(field: str) -> dict[str, float]:

@@ -197,6 +197,15 @@ class OrchestratorConfig(Strict):
         3, ge=0, description="Rollout workers replaced after a crash or stall before giving up."
     )
 
+    @model_validator(mode="after")
+    def _partial_on_the_local_backend(self) -> OrchestratorConfig:
+        if self.mode == "partial" and self.backend != "local":
+            raise ValueError(
+                "mode partial runs on the local backend only (workers poll the weight store "
+                f"between segments), not {self.backend!r}; use backend: local or mode: async"
+            )
+        return self
+
 
 DrafterType = Literal["suffix", "eagle"]
 

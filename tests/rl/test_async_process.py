@@ -60,16 +60,18 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     )
     run = GRPORun(cfg, progress=False)
     trained = []
-    train_step = run.train_step
+    train_step = run.learner.step
 
     def keep(trajectories, **kwargs):
         trained.append(trajectories)
         return train_step(trajectories, **kwargs)
 
-    run.train_step = keep
+    run.learner.step = keep
     # The worker's process exits while holding batch 2 (an actor's death, for Ray).
     faults = FaultPlan(crash=frozenset({(2, 1)}), hard_exit=True)
-    with AsyncOrchestrator(run, faults) as orchestrator:
+    with AsyncOrchestrator(
+        run.config, run.learner, run.source, run.log_step, faults
+    ) as orchestrator:
         orchestrator.step(_Totals())  # the worker still imports torch: the trainer's batch
         deadline = time.monotonic() + 60
         while not orchestrator.backend.ready(0):

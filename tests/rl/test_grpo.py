@@ -12,7 +12,7 @@ import torch
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.rl import grpo
+from leantrain.rl import learner
 from leantrain.rl.grpo import GRPORun
 
 
@@ -85,13 +85,13 @@ def test_resume_equals_straight_run(small_rl_config: RLConfig, tmp_path) -> None
 
 def test_lr_factor_warms_up_then_follows_the_schedule() -> None:
     # warm-up over 10 steps, 100 steps in all
-    assert grpo.lr_factor("constant", 0, 10, 100) == pytest.approx(0.1)
-    assert grpo.lr_factor("constant", 99, 10, 100) == 1.0
-    assert grpo.lr_factor("cosine", 0, 10, 100) == pytest.approx(0.1)
-    assert grpo.lr_factor("cosine", 50, 10, 100) == pytest.approx(0.5)  # half-way down
-    assert grpo.lr_factor("cosine", 99, 10, 100) == pytest.approx(2.467e-4, rel=1e-3)
-    assert grpo.lr_factor("cosine", 120, 10, 100) == 0.0  # past the end (a longer resume)
-    cosine = [grpo.lr_factor("cosine", s, 0, 100) for s in range(100)]
+    assert learner.lr_factor("constant", 0, 10, 100) == pytest.approx(0.1)
+    assert learner.lr_factor("constant", 99, 10, 100) == 1.0
+    assert learner.lr_factor("cosine", 0, 10, 100) == pytest.approx(0.1)
+    assert learner.lr_factor("cosine", 50, 10, 100) == pytest.approx(0.5)  # half-way down
+    assert learner.lr_factor("cosine", 99, 10, 100) == pytest.approx(2.467e-4, rel=1e-3)
+    assert learner.lr_factor("cosine", 120, 10, 100) == 0.0  # past the end (a longer resume)
+    cosine = [learner.lr_factor("cosine", s, 0, 100) for s in range(100)]
     assert all(a > b for a, b in itertools.pairwise(cosine))
 
 
@@ -101,10 +101,10 @@ def test_cosine_schedule_sets_the_optimizer_lr(small_rl_config: RLConfig) -> Non
     # lr 1e-3, 10 warm-up steps: step 0 is 1e-3 * 0.1 * 1; step 3 of 4 is
     # 1e-3 * 0.4 * (1 + cos(3 pi / 4)) / 2
     for step, expected in ((0, 1e-4), (3, 5.858e-5)):
-        run.step = step  # what the run loop advances
-        stats = run.train_step(run.source.rollout(step, run.version))
+        run.learner.steps = step  # what each learner step advances
+        stats = run.learner.step(run.source.rollout(step, run.version))
         assert stats["lr"] == pytest.approx(expected, rel=1e-3)
-        assert run.optimizer.param_groups[0]["lr"] == stats["lr"]
+        assert run.learner.optimizer.param_groups[0]["lr"] == stats["lr"]
 
 
 def test_decoupled_correction_reuses_the_training_forward(
@@ -113,9 +113,11 @@ def test_decoupled_correction_reuses_the_training_forward(
     """With one pass and no dropout, pi_prox is the training forward's own detached logprobs:
     the same update as a separate no-grad forward (the path for several passes), one forward
     per micro-batch fewer."""
-    real = grpo.packed_logprobs
+    real = learner.packed_logprobs
     calls = []
-    monkeypatch.setattr(grpo, "packed_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        learner, "packed_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
 
     def stale_update(one_pass: bool) -> tuple[dict[str, torch.Tensor], int]:
         run = GRPORun(
@@ -123,13 +125,13 @@ def test_decoupled_correction_reuses_the_training_forward(
             progress=False,
         )
         stale = run.source.rollout(0, run.version)  # sampled by version 0 ...
-        run.train_step(run.source.rollout(1, run.version))  # ... trained on by version 1
-        monkeypatch.setattr(grpo, "dropout_free", lambda model: one_pass)
+        run.learner.step(run.source.rollout(1, run.version))  # ... trained on by version 1
+        monkeypatch.setattr(learner, "dropout_free", lambda model: one_pass)
         calls.clear()
-        run.train_step(stale, correction="decoupled", is_cap=2.0)
+        run.learner.step(stale, correction="decoupled", is_cap=2.0)
         return _weights(run), len(calls)
 
-    assert grpo.dropout_free(GRPORun(small_rl_config, progress=False).model)
+    assert learner.dropout_free(GRPORun(small_rl_config, progress=False).model)
     fused, fused_forwards = stale_update(one_pass=True)
     separate, separate_forwards = stale_update(one_pass=False)
     assert separate_forwards == 2 * fused_forwards
@@ -141,9 +143,9 @@ def test_non_finite_loss_skips_the_update(small_rl_config: RLConfig, monkeypatch
     run = GRPORun(small_rl_config, progress=False)
     trajectories = run.source.rollout(0, run.version)
     before = _weights(run)
-    real = grpo.packed_logprobs
-    monkeypatch.setattr(grpo, "packed_logprobs", lambda *a, **k: real(*a, **k) * float("nan"))
-    stats = run.train_step(trajectories)
+    real = learner.packed_logprobs
+    monkeypatch.setattr(learner, "packed_logprobs", lambda *a, **k: real(*a, **k) * float("nan"))
+    stats = run.learner.step(trajectories)
     assert stats["skipped"] == 1.0 and run.version == 0
     assert all(torch.equal(before[k], v) for k, v in _weights(run).items())
 
@@ -172,7 +174,7 @@ def test_reward_crash_is_recorded_and_run_goes_on(small_rl_config: RLConfig, mon
     trajectories = run.source.rollout(0, run.version)
     assert all(t.error == "RuntimeError: verifier exploded" for t in trajectories)
     assert all(t.reward == 0.0 for t in trajectories)
-    run.train_step(trajectories)  # all-zero advantages: a no-op step, not a crash
+    run.learner.step(trajectories)  # all-zero advantages: a no-op step, not a crash
 
 
 @pytest.mark.parametrize(
@@ -189,7 +191,7 @@ def test_train_variants(small_rl_config: RLConfig, update: dict, expect: str) ->
     grpo_cfg = small_rl_config.grpo.model_copy(update=update)
     run = GRPORun(small_rl_config.model_copy(update={"grpo": grpo_cfg}), progress=False)
     before = _weights(run)
-    stats = run.train_step(run.source.rollout(0, run.version))
+    stats = run.learner.step(run.source.rollout(0, run.version))
     assert stats["skipped"] == 0.0 and math.isfinite(stats[expect])
     assert run.version == update.get("num_iterations", 1)  # one version per optimizer step
     assert any(not torch.equal(before[k], v) for k, v in _weights(run).items())

@@ -44,19 +44,21 @@ def _config(tiny_path: Path, out: Path, **overrides: object) -> RLConfig:
 def _recording(run: GRPORun) -> list[list[Trajectory]]:
     """Make `run` keep every batch it trains on, in order."""
     trained: list[list[Trajectory]] = []
-    train_step = run.train_step
+    train_step = run.learner.step
 
     def keep(trajectories: list[Trajectory], **kwargs: object) -> dict[str, float]:
         trained.append(trajectories)
         return train_step(trajectories, **kwargs)
 
-    run.train_step = keep  # type: ignore[method-assign]
+    run.learner.step = keep  # type: ignore[method-assign]
     return trained
 
 
 def _run_async(run: GRPORun, faults: FaultPlan | None = None) -> dict:
     """`run.run()`, but with faults injected into the orchestrator's workers."""
-    with AsyncOrchestrator(run, faults) as orchestrator:
+    with AsyncOrchestrator(
+        run.config, run.learner, run.source, run.log_step, faults
+    ) as orchestrator:
         while run.step < run.config.steps:
             orchestrator.step(_Totals())
         return orchestrator.summary()
@@ -175,7 +177,7 @@ def test_trained_lengths_are_the_generated_lengths(tiny_path: Path, tmp_path: Pa
     run = GRPORun(cfg, progress=False)
     trained = _recording(run)
     generated: list[int] = []
-    with AsyncOrchestrator(run) as orchestrator:
+    with AsyncOrchestrator(run.config, run.learner, run.source, run.log_step) as orchestrator:
         put = orchestrator.buffer.put
         orchestrator.buffer.put = lambda b: (  # type: ignore[method-assign]
             generated.extend(len(t.response_ids) for t in b.trajectories),
@@ -211,7 +213,7 @@ def test_a_stalled_trainer_is_reported(tiny_path: Path, tmp_path: Path) -> None:
         },
     )
     run = GRPORun(cfg, progress=False)
-    train_step = run.train_step
+    train_step = run.learner.step
 
     def hang_on_step_two(trajectories: list[Trajectory], **kwargs: object) -> dict[str, float]:
         if run.step == 1:
@@ -220,7 +222,7 @@ def test_a_stalled_trainer_is_reported(tiny_path: Path, tmp_path: Path) -> None:
             time.sleep(3.0)
         return train_step(trajectories, **kwargs)
 
-    run.train_step = hang_on_step_two  # type: ignore[method-assign]
+    run.learner.step = hang_on_step_two  # type: ignore[method-assign]
     with pytest.raises(StallError, match="trainer stalled: training step 2"):
         _run_async(run)
 
@@ -232,14 +234,14 @@ def test_a_killed_run_resumes_from_its_checkpoint(tiny_path: Path, tmp_path: Pat
         **{"steps": 4, "checkpoint_every": 2, "orchestrator.mode": "async"},
     )
     run = GRPORun(cfg, progress=False)
-    train_step = run.train_step
+    train_step = run.learner.step
 
     def die_on_step_four(trajectories: list[Trajectory], **kwargs: object) -> dict[str, float]:
         if run.step == 3:
             raise KeyboardInterrupt  # the process is killed mid-run
         return train_step(trajectories, **kwargs)
 
-    run.train_step = die_on_step_four  # type: ignore[method-assign]
+    run.learner.step = die_on_step_four  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         run.run()
     resumed = GRPORun(cfg, progress=False, resume=True)
@@ -276,19 +278,17 @@ def test_partial_mode_switches_versions_mid_trajectory(tiny_path: Path, tmp_path
     assert mixed > 0  # some in-flight sequences did resume on new weights
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"orchestrator.mode": "partial", "orchestrator.backend": "ray"}, "local backend only"),
-        ({"orchestrator.mode": "sync"}, "needs orchestrator.mode async"),
-    ],
-)
-def test_unsupported_combinations_are_refused(
-    tiny_path: Path, tmp_path: Path, overrides: dict, message: str
-) -> None:
-    run = GRPORun(_config(tiny_path, tmp_path / "bad", **overrides), progress=False)
-    with pytest.raises(LeantrainError, match=message):
-        AsyncOrchestrator(run)
+def test_unsupported_combinations_are_refused(tiny_path: Path, tmp_path: Path) -> None:
+    # Refused by the config, when it is loaded: partial rollouts poll the local weight store.
+    with pytest.raises(LeantrainError, match="local backend only"):
+        _config(
+            tiny_path,
+            tmp_path / "bad",
+            **{"orchestrator.mode": "partial", "orchestrator.backend": "ray"},
+        )
+    run = GRPORun(_config(tiny_path, tmp_path / "sync"), progress=False)
+    with pytest.raises(LeantrainError, match=r"needs orchestrator\.mode async"):
+        AsyncOrchestrator(run.config, run.learner, run.source, run.log_step)
 
 
 def test_async_workers_keep_to_the_kv_budget(

@@ -114,7 +114,7 @@ def test_grpo_step_with_images_trains_and_writes_the_report(vlm_dir, tmp_path, f
         "tower": [p.detach().clone() for p in tower.parameters()],
         "projector": [p.detach().clone() for p in projector.parameters()],
     }
-    stats = run.train_step(scored)
+    stats = run.learner.step(scored)
     assert stats["skipped"] == 0.0
     moved = {
         name: any(not torch.equal(a, b) for a, b in zip(old, module.parameters(), strict=True))

@@ -64,9 +64,8 @@ class LocalBackend:
         latest = self.store.newest()
         return None if latest is None else (latest.version, latest.payload)
 
-    def publish(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        # A copy: the trainer updates its weights in place while workers still load this one.
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    def publish(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return weights  # threads load the learner's snapshot as it is
 
     def abandon(self, slot: int) -> None:
         self._slots[slot] = None  # its thread, if still running, finishes into the void

@@ -156,9 +156,8 @@ class ProcessBackend:
         child.version = weights.version
         return child.submit((index, attempt, weights.version, state))
 
-    def publish(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        # A copy: the trainer updates its weights in place while a child may still read these.
-        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    def publish(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.cpu() for k, v in weights.items()}  # a no-op for CPU weights
 
     def abandon(self, slot: int) -> None:
         child, self._children[slot] = self._children[slot], None

@@ -1,36 +1,35 @@
-"""GRPO on verifiable rewards, synchronous: rollout -> score -> advantages -> clipped policy loss.
+"""The GRPO recipe on verifiable rewards: rollout -> score -> group advantages -> clipped loss.
 
-One step: sample `group_size` responses for each of `prompts_per_step` prompts with the rollout
-engine (policy version v), score them into reward parts, turn the weighted totals into
-group-relative advantages, and take one optimizer step (or `num_iterations`) on the packed,
-micro-batched loss; the version becomes v+1. The engine shares the policy's weights, so the next
-rollout uses them at once. With `orchestrator.mode` async or partial, rollout workers generate
-later steps' batches meanwhile and `run()` trains on them (rl/orchestrator.py); this class is
-then the trainer.
+What this GRPO is: `group_size` responses per prompt, scored into weighted reward parts (format,
+answer, tool); advantages are rewards minus the group mean, scaled by the group's or the batch's
+std (`scale_rewards`); the loss is PPO's clipped ratio (`grpo`, `dr_grpo`, `dapo` or `bnpo`
+normalisation, optional KL to a frozen reference with `beta`) over packed micro-batches, and
+one learner step takes `num_iterations` optimizer steps on a batch (each a policy version). What
+is simplified: the reference is the starting policy, never refreshed; rewards come from the
+task's verifier only (no reward model); evaluation is greedy accuracy on a fixed held-out set.
+
+The parts: `RolloutSource` (rl/rollout.py) turns a step into scored trajectories; `Learner`
+(rl/learner.py) trains on them; in `orchestrator.mode` async or partial, `AsyncOrchestrator`
+(rl/orchestrator.py) runs sources in workers ahead of the learner. This file sets them up, runs
+the loop, evaluates before and after, logs every step and checkpoints.
 
     from leantrain.config import load_config
     from leantrain.rl.grpo import GRPORun
     summary = GRPORun(load_config("configs/tiny-arith.yaml", steps=20)).run()
 
-The setup order matters: model before optimizer (the optimizer holds its parameters), optimizer
-before resume (resume restores its state), task before the held-out set.
-
-Vision-language models (a VLM folder or the `tiny-vl` preset, with a task whose examples carry an
-image in `meta["image"]`, e.g. `visual`): prompts go through the model's processor, the engine's
-prefill and every training forward get the pixel values, and `report.html` in the run folder
-shows a few sampled images with their completions and rewards, refreshed every step.
+Set-up order matters: model before learner (its optimizer holds the parameters; a frozen vision
+tower holds no state), learner before resume (resume restores its state), task before the
+held-out set. Vision-language models (a VLM folder or `tiny-vl`, a task whose examples carry
+`meta["image"]`): prompts go through the processor, the pixel values go to the engine's prefill
+and every training forward, and `report.html` shows sampled images with their completions.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,25 +44,12 @@ from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.long_tail import LongTail
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
-from leantrain.rl.advantages import group_advantages
-from leantrain.rl.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from leantrain.rl.checkpoint import list_checkpoints
 from leantrain.rl.episodes import EpisodeRunner, is_multi_turn
-from leantrain.rl.losses import policy_loss
-from leantrain.rl.off_policy import correction_inputs
-from leantrain.rl.packing import (
-    PackedBatch,
-    loss_context,
-    micro_batches,
-    pack,
-    packed_logprobs,
-    token_metrics,
-)
-from leantrain.rl.rollout import (
-    RolloutSource,
-    compute_autocast,
-    example_inputs,
-    refuse_unsupported,
-)
+from leantrain.rl.learner import Learner
+from leantrain.rl.orchestrator import AsyncOrchestrator, Timer
+from leantrain.rl.packing import token_metrics
+from leantrain.rl.rollout import RolloutSource, example_inputs, refuse_unsupported
 from leantrain.rl.trajectory import Trajectory
 from leantrain.rl.vision_report import VisionReport
 from leantrain.tasks import Example, Task, make_task
@@ -78,45 +64,14 @@ _EVAL_SEED_OFFSET = 1_000_003
 PLOT_KEYS = ("reward", "accuracy", "loss", "response_len_p50", "response_len_max", "tokens_per_s")
 
 
-@dataclass
-class Timer:
-    """Seconds a run spent generating and training; the rest of its time is idle."""
-
-    generate_s: float = 0.0
-    train_s: float = 0.0
-
-
-def lr_factor(schedule: str, step: int, warmup_steps: int, total_steps: int) -> float:
-    """The fraction of the peak lr used at optimizer step `step` (0-based): a linear warm-up
-    over `warmup_steps`, times the schedule's decay, `LR_DECAY[schedule](step / total_steps)`."""
-    warmup = min(1.0, (step + 1) / max(1, warmup_steps))
-    return warmup * LR_DECAY[schedule](min(1.0, step / max(1, total_steps)))
-
-
-LR_DECAY: dict[str, Callable[[float], float]] = {
-    "constant": lambda progress: 1.0,
-    "cosine": lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
-}
-
-
-def dropout_free(model: torch.nn.Module) -> bool:
-    """Whether `model` computes the same in train and eval mode: no dropout module with p > 0
-    and no attention or hidden dropout in its config."""
-    config = getattr(model, "config", None)
-    rates = [getattr(config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout")]
-    modules = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
-    return not any(rate > 0 for rate in rates + modules)
-
-
 def accuracy_part(parts: dict[str, float]) -> float:
     """What counts as solved: the `answer` part, else the `tool` part (code), else 0."""
     return parts.get("answer", parts.get("tool", 0.0))
 
 
 class GRPORun:
-    """A GRPO run: set up in the constructor, then `run()`. `sample`, `score` (together
-    `rollout`), `train_step` and `evaluate` are public so tests and other orchestrators (the async
-    one) can drive a run step by step."""
+    """A GRPO run: set up in the constructor, then `run()`. Its `source`, `learner`, `evaluate`
+    and `log_step` are public, so tests and benchmarks can drive a run step by step."""
 
     def __init__(self, config: RLConfig, *, progress: bool = True, resume: bool = False) -> None:
         self.config = config
@@ -128,7 +83,7 @@ class GRPORun:
         torch.manual_seed(config.seed)
         self._setup_model()
         self._setup_task()
-        self._setup_optimizer()
+        self._setup_learner()
         self._setup_outputs(resume)
 
     # ----------------------------------------------------------------- setup
@@ -150,12 +105,6 @@ class GRPORun:
                 seed=self.config.seed,
                 progress=self.progress,
             )
-        self.ref_model = None
-        if self.config.grpo.beta > 0:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # The trainer recomputes the engine's logprobs: log_softmax(logits / T), T=1 when greedy.
-        temperature = self.config.sampling.temperature
-        self.logprob_temperature = temperature if temperature > 0 else 1.0
 
     def _setup_vision(self) -> None:
         """A VLM's processor (None for a text-only model), and its vision tower frozen on request
@@ -204,13 +153,20 @@ class GRPORun:
             long_tail=self.long_tail,
         )
 
-    def _setup_optimizer(self) -> None:
-        g = self.config.grpo
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=g.lr, weight_decay=g.weight_decay)
-        self.step = 0
-        self.version = 0
+    def _setup_learner(self) -> None:
+        # After the vision tower is frozen: the optimizer holds no state for frozen weights.
+        self.learner = Learner(self.config, self.model, self.device)
         self.accuracy_before: float | None = None
+
+    @property
+    def step(self) -> int:
+        """Steps taken (rollout batches trained on), the learner's count."""
+        return self.learner.steps
+
+    @property
+    def version(self) -> int:
+        """The policy version, the learner's."""
+        return self.learner.version
 
     def _setup_outputs(self, resume: bool) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -220,118 +176,16 @@ class GRPORun:
         ckpts = list_checkpoints(self.ckpt_root)
         if resume:
             if ckpts:
-                state = load_checkpoint(ckpts[-1], self.model, self.optimizer)
-                self.step, self.version = state["step"], state["version"]
-                self.accuracy_before = state.get("accuracy_before")
+                self.accuracy_before = self.learner.load(ckpts[-1]).get("accuracy_before")
                 log.info("resumed from %s (step %d)", ckpts[-1], self.step)
             # Steps after the checkpoint were lost with the crash; they will be run again.
             self.metrics.truncate_after(self.step)
             self.completions.truncate_after(self.step)
-        elif not resume and (ckpts or self.metrics.path.exists()):
+        elif ckpts or self.metrics.path.exists():
             raise LeantrainError(
                 f"run folder {self.out} already holds a run; "
                 "pass --resume to continue it or choose another --out"
             )
-
-    # --------------------------------------------------------------- rollout
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        return compute_autocast(self.config, self.device)
-
-    # ----------------------------------------------------------------- train
-    def train_step(
-        self, trajectories: list[Trajectory], correction: str = "none", is_cap: float = 5.0
-    ) -> dict[str, float]:
-        """`num_iterations` optimizer steps on one rollout batch; returns loss stats (of the last).
-
-        `correction` treats stale samples (see rl/off_policy.py); sync runs use "none". A
-        non-finite loss or gradient skips the update (weights untouched) and is reported as
-        `skipped: 1` rather than corrupting the weights.
-        """
-        g = self.config.grpo
-        rewards = torch.tensor([t.reward for t in trajectories])
-        groups = torch.tensor([t.group_id for t in trajectories])
-        advantages = group_advantages(rewards, groups, scale=g.scale_rewards)
-        batches = [
-            pack([trajectories[i] for i in idx], advantages[idx], mask_truncated=g.mask_truncated)
-            for idx in micro_batches(trajectories, g.micro_batch_tokens)
-        ]
-        ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
-        # A function of the step and `steps`: resumed with the same `steps`, a run follows the
-        # same schedule.
-        lr = g.lr * lr_factor(g.lr_schedule, self.step, g.warmup_steps, self.config.steps)
-        for param_group in self.optimizer.param_groups:
-            param_group["lr"] = lr
-        stats: dict[str, float] = {"skipped": 0.0, "lr": lr}
-        # The decoupled correction's proximal policy is the weights before this step's update,
-        # without dropout like the rollout. With one pass and no dropout, every micro-batch's
-        # training forward runs on exactly those weights (the optimizer steps after the last),
-        # so its detached logprobs are pi_prox; otherwise one no-grad forward each, up front.
-        one_pass = g.num_iterations == 1 and dropout_free(self.model)
-        loss_inputs: list[dict[str, Any] | None] = [None] * len(batches)
-        if not one_pass:
-            self.model.eval()
-            loss_inputs = [
-                correction_inputs(correction, mb.to(self.device), self._logprobs, is_cap)
-                for mb in batches
-            ]
-        self.model.train()
-        for _ in range(g.num_iterations):
-            total_loss = 0.0
-            iteration_stats: dict[str, float] = {}
-            for mb, extra in zip(batches, loss_inputs, strict=True):
-                mb = mb.to(self.device)
-                with self._autocast():
-                    logp = packed_logprobs(self.model, mb, self.logprob_temperature)
-                    if extra is None:
-                        prox = logp.detach()
-                        extra = correction_inputs(correction, mb, lambda _, p=prox: p, is_cap)
-                    ref = None
-                    if self.ref_model is not None:
-                        with torch.no_grad():
-                            ref = packed_logprobs(self.ref_model, mb, self.logprob_temperature)
-                loss, mb_stats = policy_loss(
-                    logp,
-                    advantages=mb.advantages,
-                    loss_mask=mb.loss_mask,
-                    sequence_index=mb.sequence_index,
-                    ctx=ctx,
-                    loss_type=g.loss_type,
-                    epsilon=g.epsilon,
-                    epsilon_high=g.epsilon_high,
-                    beta=g.beta,
-                    ref_logp=ref,
-                    **extra,
-                )
-                loss.backward()
-                total_loss += float(loss.detach())
-                share = float(mb.loss_mask.sum()) / max(1, ctx.num_active_tokens)
-                for k, v in mb_stats.items():  # token-weighted mean over micro-batches
-                    iteration_stats[k] = iteration_stats.get(k, 0.0) + float(v) * share
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
-            )
-            if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
-                log.warning(
-                    "step %d: non-finite loss (%s) or gradient norm (%s); update skipped",
-                    self.step,
-                    total_loss,
-                    grad_norm,
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                stats["skipped"] = 1.0
-                continue
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.version += 1  # one version per optimizer step
-            stats.update(iteration_stats, loss=total_loss, grad_norm=grad_norm)
-        stats["active_tokens"] = float(ctx.num_active_tokens)
-        self.model.eval()
-        return stats
-
-    def _logprobs(self, mb: PackedBatch) -> torch.Tensor:
-        """(R,) log-probabilities of `mb`'s response tokens under the current weights."""
-        with self._autocast():
-            return packed_logprobs(self.model, mb, self.logprob_temperature)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:
@@ -339,7 +193,7 @@ class GRPORun:
         examples = self.heldout if examples is None else examples
         params = SamplingParams(max_new_tokens=self.config.sampling.max_new_tokens, temperature=0)
         prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
-        with self._autocast():
+        with self.source.autocast():
             images = self.source.image_inputs(examples)
             completions = self.source.engine.generate(prompts, params, **images)
         solved = 0.0
@@ -359,9 +213,7 @@ class GRPORun:
         # batch (rl/orchestrator.py). Sync mode: `_one_step` generates and trains in turn.
         orchestrator = None
         if cfg.orchestrator.mode != "sync":
-            from leantrain.rl.orchestrator import AsyncOrchestrator
-
-            orchestrator = AsyncOrchestrator(self)
+            orchestrator = AsyncOrchestrator(cfg, self.learner, self.source, self.log_step)
         one_step = self._one_step if orchestrator is None else orchestrator.step
         start = time.perf_counter()
         with (
@@ -416,9 +268,8 @@ class GRPORun:
         # Scoring counts as idle time.
         trajectories = self.source.score(examples, completions, self.version)
         t_train = time.perf_counter()
-        stats = self.train_step(trajectories)
+        stats = self.learner.step(trajectories)
         t2 = time.perf_counter()
-        self.step += 1
         if self.report is not None:  # sampled images with their completions, for a person
             self.report.add(self.step, examples, trajectories, self.config.grpo.group_size)
         idle_s = time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train)
@@ -492,12 +343,5 @@ class GRPORun:
         return record
 
     def _checkpoint(self) -> None:
-        state = {"version": self.version, "accuracy_before": self.accuracy_before}
-        save_checkpoint(
-            self.ckpt_root,
-            self.step,
-            self.model,
-            self.optimizer,
-            state,
-            self.config.keep_checkpoints,
-        )
+        state = {"accuracy_before": self.accuracy_before}
+        self.learner.save(self.ckpt_root, self.config.keep_checkpoints, state)

@@ -20,8 +20,9 @@ When the trainer needs a batch that no worker has started and no ready worker is
 (at the start, while worker processes or actors boot), it generates that batch itself on its
 current weights instead of waiting: a start-up costs seconds that would otherwise be idle.
 
-Knows nothing about losses or engines: the trainer is a `GRPORun` (rl/grpo.py), a worker a
-`RolloutWorker` (rl/rollout_worker.py).
+Knows nothing about losses or engines: it is handed the `Learner` (rl/learner.py), the trainer's
+own `RolloutSource` (rl/rollout.py) for the batches it generates itself, and a callback that logs
+a finished step; a worker is a `RolloutWorker` (rl/rollout_worker.py).
 """
 
 from __future__ import annotations
@@ -34,19 +35,43 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import BatchBuffer, Published, RolloutBatch, StallError, WeightStore
+from leantrain.rl.learner import Learner
+from leantrain.rl.rollout import RolloutSource
 from leantrain.rl.rollout_worker import FaultPlan
-
-if TYPE_CHECKING:
-    from leantrain.rl.grpo import GRPORun, Timer
+from leantrain.rl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Timer:
+    """Seconds a run spent generating and training; the rest of its time is idle."""
+
+    generate_s: float = 0.0
+    train_s: float = 0.0
+
+
+class LogStep(Protocol):
+    """Appends a finished step's record (its trajectories, the learner's stats, timings and
+    `extra` fields) to the run's metrics; returns the record."""
+
+    def __call__(
+        self,
+        trajectories: list[Trajectory],
+        stats: dict[str, float],
+        gen_s: float,
+        train_s: float,
+        idle_s: float,
+        **extra: float | int | str,
+    ) -> dict[str, Any]: ...
 
 
 class Backend(Protocol):
@@ -64,8 +89,9 @@ class Backend(Protocol):
         """Generate batch `index` on `slot`'s worker, starting on `weights`; a Future of a
         `RolloutBatch` that raises if the worker dies."""
 
-    def publish(self, model: torch.nn.Module) -> Any:
-        """A snapshot of `model`'s weights that workers can load (the store's payload)."""
+    def publish(self, weights: dict[str, torch.Tensor]) -> Any:
+        """The learner's weight snapshot as workers load it (the store's payload): as it is in
+        this process, on the CPU for another one, a reference in Ray's object store."""
 
     def abandon(self, slot: int) -> None:
         """Give up on `slot`'s worker (dead or stalled); its late result is ignored."""
@@ -251,36 +277,44 @@ class Dispatcher:
 
 
 class AsyncOrchestrator:
-    """Drives a `GRPORun` asynchronously: a context manager that starts and stops the workers,
-    and `step()`, one training step on the oldest finished batch (the sync run's `_one_step`).
+    """Drives a run asynchronously: a context manager that starts and stops the workers, and
+    `step()`, one learner step on the oldest finished batch (the sync run's `_one_step`).
 
     Args:
-        run: the trainer; its step and version say where to start (a resumed run continues).
+        config: the run config (its `orchestrator` section, steps, and what workers build).
+        learner: trains on the batches and publishes each new version; its step and version say
+            where to start (a resumed run continues).
+        source: the trainer's own rollout path, for batches no worker can start yet.
+        log_step: appends each finished step to the run's metrics.
         faults: faults to inject into the workers, for tests.
     """
 
-    def __init__(self, run: GRPORun, faults: FaultPlan | None = None) -> None:
-        self.run = run
-        self.cfg = run.config.orchestrator
-        if run.config.orchestrator.mode == "sync":
+    def __init__(
+        self,
+        config: RLConfig,
+        learner: Learner,
+        source: RolloutSource,
+        log_step: LogStep,
+        faults: FaultPlan | None = None,
+    ) -> None:
+        self.config = config
+        self.learner = learner
+        self.source = source
+        self.log_step = log_step
+        self.cfg = config.orchestrator
+        if self.cfg.mode == "sync":
             raise LeantrainError("AsyncOrchestrator needs orchestrator.mode async or partial")
-        if self.cfg.mode == "partial" and self.cfg.backend != "local":
-            raise LeantrainError(
-                "orchestrator.mode partial runs on the local backend only (workers poll the "
-                f"weight store between segments), not {self.cfg.backend!r}; use backend: local "
-                "or mode: async"
-            )
         k = self.cfg.max_staleness
         self.store = WeightStore(keep=k + 1)
-        self.buffer = BatchBuffer(capacity=k + 1, next_index=run.step)
+        self.buffer = BatchBuffer(capacity=k + 1, next_index=learner.steps)
         self.trainer = _Activity("starting", time.monotonic(), busy=False)
         self.backend = self._make_backend(faults)
         self.dispatcher = Dispatcher(
             self.backend,
             self.store,
             self.buffer,
-            first=run.step,
-            last=run.config.steps,
+            first=learner.steps,
+            last=config.steps,
             max_staleness=k,
             timeout_s=self.cfg.timeout_s,
             max_restarts=self.cfg.max_restarts,
@@ -309,14 +343,14 @@ class AsyncOrchestrator:
         if self.cfg.backend == "ray":
             from leantrain.rl.ray_backend import RayBackend
 
-            return RayBackend(self.run.config, faults)
+            return RayBackend(self.config, faults)
         if self.cfg.backend == "process":
             from leantrain.rl.async_process import ProcessBackend
 
-            return ProcessBackend(self.run.config, faults)
+            return ProcessBackend(self.config, faults)
         from leantrain.rl.async_local import LocalBackend
 
-        return LocalBackend(self.run.config, self.store, faults)
+        return LocalBackend(self.config, self.store, faults)
 
     def __enter__(self) -> AsyncOrchestrator:
         torch.set_num_threads(self._trainer_threads())
@@ -340,8 +374,8 @@ class AsyncOrchestrator:
     def _publish(self) -> float:
         """Publish the trainer's weights as (step, version); returns seconds."""
         t0 = time.perf_counter()
-        payload = self.backend.publish(self.run.model)
-        self.store.publish(self.run.step, self.run.version, payload)
+        payload = self.backend.publish(self.learner.publish())
+        self.store.publish(self.learner.steps, self.learner.version, payload)
         return time.perf_counter() - t0
 
     def _doing(self, what: str, busy: bool) -> None:
@@ -349,10 +383,10 @@ class AsyncOrchestrator:
 
     def step(self, totals: Timer) -> dict[str, Any]:
         """Train on the oldest batch (waiting for it if need be), publish the new weights, log."""
-        run = self.run
+        learner = self.learner
         t0 = time.perf_counter()
-        inline_s = self._generate_inline(run.step)
-        self._doing(f"waiting for batch {run.step}", busy=False)
+        inline_s = self._generate_inline(learner.steps)
+        self._doing(f"waiting for batch {learner.steps}", busy=False)
         # The dispatcher replaces a dead or stalled worker within timeout_s, at most
         # max_restarts times; past that budget the trainer stops waiting.
         batch: RolloutBatch = self.buffer.get(
@@ -362,15 +396,16 @@ class AsyncOrchestrator:
         )
         wait_s = time.perf_counter() - t0 - inline_s
         self.wait_s += wait_s
-        staleness = [run.version - min(t.versions, default=run.version) for t in batch.trajectories]
-        self._doing(f"training step {run.step + 1}", busy=True)
+        staleness = [
+            learner.version - min(t.versions, default=learner.version) for t in batch.trajectories
+        ]
+        self._doing(f"training step {learner.steps + 1}", busy=True)
         t1 = time.perf_counter()
-        stats = run.train_step(
+        stats = learner.step(
             batch.trajectories, correction=self.cfg.off_policy, is_cap=self.cfg.is_cap
         )
         train_s = time.perf_counter() - t1
-        run.step += 1
-        self._doing(f"publishing the weights of step {run.step}", busy=True)
+        self._doing(f"publishing the weights of step {learner.steps}", busy=True)
         publish_s = self._publish()
         self._doing("logging", busy=False)
         self.max_staleness_seen = max(self.max_staleness_seen, *staleness)
@@ -379,7 +414,7 @@ class AsyncOrchestrator:
         totals.generate_s += batch.generate_s
         totals.train_s += train_s
         mixed = sum(len(set(t.versions)) > 1 for t in batch.trajectories)
-        return run.log_step(
+        return self.log_step(
             batch.trajectories,
             stats,
             gen_s=batch.generate_s,
@@ -408,10 +443,10 @@ class AsyncOrchestrator:
             return 0.0
         self._doing(f"generating batch {index} itself (no worker ready)", busy=True)
         t0 = time.perf_counter()
-        trajectories = self.run.source.rollout(index, self.run.version)
+        trajectories = self.source.rollout(index, self.learner.version)
         seconds = time.perf_counter() - t0
         self.buffer.put(
-            RolloutBatch(index, trajectories, self.run.version, "trainer", attempt, seconds, 0.0)
+            RolloutBatch(index, trajectories, self.learner.version, "trainer", attempt, seconds, 0)
         )
         return seconds
 

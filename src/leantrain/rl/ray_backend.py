@@ -87,9 +87,8 @@ class RayBackend:
         ref = actor.generate.remote(index, attempt, weights.version, [weights.payload])
         return ref.future()
 
-    def publish(self, model: torch.nn.Module) -> Any:
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        return self.ray.put(state)
+    def publish(self, weights: dict[str, torch.Tensor]) -> Any:
+        return self.ray.put({k: v.cpu() for k, v in weights.items()})
 
     def abandon(self, slot: int) -> None:
         actor, self._actors[slot], self._started[slot] = self._actors[slot], None, None
