@@ -57,10 +57,10 @@ from transformers import PreTrainedModel
 
 from leantrain.config import load_config
 from leantrain.generation import Engine, SamplingParams
-from leantrain.generation.long_tail import LongTail
 from leantrain.generation.speculative import SpeculativeConfig, Speculator
 from leantrain.models import encode_prompt
 from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.long_tail import LongTail
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results"

@@ -3,7 +3,7 @@ and how often the model's tool calls really run.
 
 The `tiny-vl` preset (a CLIP vision tower + projector in front of the tiny Llama, warm-started on
 generic glyph reading, generic transcription and rendered receipts, tables and pages, reading
-first and then answering, with the tool or without it; models/tiny_vl.py) is trained with
+first and then answering, with the tool or without it; models/presets/tiny_vl.py) is trained with
 GRPO (`configs/tiny-vl-tools.yaml`: decomposed rewards format / answer / tool, multi-turn
 episodes with the Python tool in the sandbox) on a small fixed training set (`--train-pool`
 images of the config's styles, drawn over and over for many epochs, as Visual-ARFT trains on
@@ -49,7 +49,7 @@ from rich.table import Table
 
 from leantrain.config import load_config
 from leantrain.generation import SamplingParams
-from leantrain.models.tiny_vl import ensure_tiny_vl
+from leantrain.models.presets.tiny_vl import ensure_tiny_vl
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.rollout import compute_autocast, example_inputs
 from leantrain.tasks import Example

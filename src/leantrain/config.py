@@ -12,7 +12,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from leantrain.errors import LeantrainError
-from leantrain.tasks.rewards import RewardWeights
 
 
 class Strict(BaseModel):
@@ -22,6 +21,21 @@ class Strict(BaseModel):
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+class RewardWeights(BaseModel):
+    """Weight of each reward part in the total.
+
+    The defaults make a right answer (or a program that really ran and printed it) what counts,
+    with a small bonus for the format alone, which a policy learns first and which keeps a
+    learning signal in groups where no answer is right yet.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    format: float = Field(0.1, description="response follows the task's format")
+    answer: float = Field(1.0, description="final answer is right")
+    tool: float = Field(1.0, description="tool call (code) really ran and gave the right result")
 
 
 class ModelConfig(Strict):

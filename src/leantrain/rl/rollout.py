@@ -21,11 +21,11 @@ from transformers import PreTrainedTokenizerBase, ProcessorMixin
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, SamplingParams
-from leantrain.generation.long_tail import LongTail
 from leantrain.models import encode_prompt
 from leantrain.models.vision import encode_image_prompt
 from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
 from leantrain.rl.trajectory import Trajectory
+from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
 from leantrain.tasks.rewards import RewardWeights, score_safely
 

@@ -23,7 +23,7 @@ import torch
 from leantrain.errors import LeantrainError
 from leantrain.models import leantrain_home, load_model
 from leantrain.models.build_cache import build_once, recipe_hash
-from leantrain.models.tiny import tiny_dir
+from leantrain.models.presets.tiny import tiny_dir
 from leantrain.safety.corpus import Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import save_model, sft
 

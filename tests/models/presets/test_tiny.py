@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from leantrain.generation import Engine, SamplingParams
 from leantrain.models import load_model
-from leantrain.models.tiny import WarmStartRecipe, build_tiny
+from leantrain.models.presets.tiny import WarmStartRecipe, build_tiny
 from leantrain.tasks import ArithTask
 
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from leantrain.models.build_cache import BUILD_THREADS, build_once, recipe_hash
-from leantrain.models.tiny import WarmStartRecipe, tiny_dir
+from leantrain.models.presets.tiny import WarmStartRecipe, tiny_dir
 
 # A fresh process that builds the default `tiny` into its own LEANTRAIN_HOME at the thread count
 # it is given (the build must override it) and prints the folder.

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from leantrain.models import PRESETS, encode_prompt, load_model
 from leantrain.models.finetune import IGNORE, completion_chunks
-from leantrain.models.tiny_tools import (
+from leantrain.models.presets.tiny_tools import (
     ToolWarmStartRecipe,
     build_tiny_tools,
     ensure_tiny_tools,

@@ -15,7 +15,7 @@ from transformers import AutoProcessor, LlamaForCausalLM, LlavaForConditionalGen
 from leantrain.errors import LeantrainError
 from leantrain.models import PRESETS, load_model
 from leantrain.models.finetune import IGNORE
-from leantrain.models.tiny_vl import (
+from leantrain.models.presets.tiny_vl import (
     TINY_VL_RECIPE_VERSION,
     VisionWarmStartRecipe,
     _episode_rows,

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
-from leantrain.models.tiny import ensure_tiny, leantrain_home, tiny_dir
+from leantrain.models.presets.tiny import ensure_tiny, tiny_dir
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
@@ -48,11 +47,6 @@ class WarmStartRecipe:
     chunks: int = 4
     lr: float = 3e-3
     max_items: int = 12
-
-
-def leantrain_home() -> Path:
-    """Cache root: `$LEANTRAIN_HOME`, default `~/.cache/leantrain`."""
-    return Path(os.environ.get("LEANTRAIN_HOME", Path.home() / ".cache" / "leantrain"))
 
 
 def tiny_dir(recipe: WarmStartRecipe = WarmStartRecipe()) -> Path:
