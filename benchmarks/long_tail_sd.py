@@ -83,7 +83,7 @@ def timed_rollout(run: GRPORun, step: int) -> Rollout:
     start = time.perf_counter()
     sample = run.source.sample(step)
     seconds = time.perf_counter() - start
-    s = run.source.engine.speculator.stats
+    s = run.source.backend.speculator.stats
     return Rollout(seconds, s.tail_s, s.tokens, s.tail_tokens, s.mean_accept_len, sample)
 
 
@@ -169,7 +169,7 @@ def main() -> None:
         rollout_model = (
             run.model if args.dtype == "float32" else copy.deepcopy(run.model).to(torch.bfloat16)
         )
-        run.source.engine = Engine(
+        run.source.backend = Engine(
             rollout_model, run.tokenizer, max_batch_size=config.max_batch_size
         )
         spec_config = SpeculativeConfig(
@@ -184,7 +184,7 @@ def main() -> None:
 
         # In a run the bandit carries what it learnt from step to step; an untimed rollout
         # (an earlier RL step, other prompts) lets it stop exploring blindly, as it would have.
-        run.source.engine.speculator = long_tail.speculator
+        run.source.backend.speculator = long_tail.speculator
         for step in range(1, args.warmup + 1):
             run.source.sample(step)
         runs: dict[str, list] = {"plain": [], "speculative": []}
@@ -195,7 +195,7 @@ def main() -> None:
             step = 0 if rep == 0 else args.warmup + rep
             order = list(sides) if rep % 2 == 0 else list(reversed(sides))
             for side in order:
-                run.source.engine.speculator = sides[side]
+                run.source.backend.speculator = sides[side]
                 runs[side].append(timed_rollout(run, step=step))
         start = time.perf_counter()
         trajectories = run.source.score(*runs["plain"][0].sample, run.version)

@@ -88,7 +88,7 @@ def evaluate(run: GRPORun, examples: list[Example]) -> dict:
     params = SamplingParams(max_new_tokens=run.config.sampling.max_new_tokens, temperature=0.0)
     with compute_autocast(run.config, run.device):
         images = run.source.image_inputs(examples)
-        episodes = run.source.engine.generate(prompts, params, **images)
+        episodes = run.source.backend.generate(prompts, params, **images)
     parts = [run.task.score(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]
     calls = [call.outcome for ep in episodes for call in ep.tool_calls]
     read = [numbers_read(ex, ep.text) for ex, ep in zip(examples, episodes, strict=True)]

@@ -327,16 +327,16 @@ def test_grpo_trains_on_tool_episodes(tiny_path, tmp_path):
         },
     )
     run = GRPORun(cfg, progress=False)
-    assert isinstance(run.source.engine, EpisodeRunner)
+    assert isinstance(run.source.backend, EpisodeRunner)
     assert (
-        run.source.engine.engine.max_cache_tokens == 256
+        run.source.backend.engine.max_cache_tokens == 256
     )  # the config's KV budget reaches the engine
     # The plain tiny model never writes <python>; the line tool makes its episodes multi-turn.
-    run.source.engine = EpisodeRunner(run.source.engine.engine, LineTool(episode_tokens=48))
+    run.source.backend = EpisodeRunner(run.source.backend.engine, LineTool(episode_tokens=48))
     summary = run.run()
     assert summary["steps"] == 1
     record = run.metrics.read()[-1]
     assert record["env_tokens"] > 0 and record["generated_tokens"] > 0
     assert record["active_tokens"] == record["generated_tokens"]  # env tokens are not trained
     assert record["padding_fraction"] == 0.0 and record["padding_fraction_padded"] > 0.0
-    assert 0 < run.source.engine.engine.peak_cache_tokens <= 256
+    assert 0 < run.source.backend.engine.peak_cache_tokens <= 256

@@ -1,17 +1,22 @@
-"""The rollout engine: batched KV-cache decoding with continuous batching, sampling, logprobs and
-hidden-state capture over any Hugging Face causal LM, and speculative decoding in the long tail
-(drafters, bandit and online drafter training: `leantrain.speculation.long_tail.LongTail`)."""
+"""Inference only: the rollout `Backend` protocol and its capabilities; the native engine
+(batched KV-cache decoding with continuous batching, sampling, logprobs and hidden-state capture
+over any Hugging Face causal LM) with speculative verification, its drafters and bandit (the
+long-tail switch and drafter training: `leantrain.speculation`)."""
 
-from leantrain.generation.engine import Completion, Engine, FinishReason
+from leantrain.generation.backend import Backend, Capabilities, Completion, FinishReason, require
+from leantrain.generation.engine import Engine
 from leantrain.generation.sampling import SamplingParams, sample
 from leantrain.generation.speculative import SpeculativeConfig, Speculator
 
 __all__ = [
+    "Backend",
+    "Capabilities",
     "Completion",
     "Engine",
     "FinishReason",
     "SamplingParams",
     "SpeculativeConfig",
     "Speculator",
+    "require",
     "sample",
 ]

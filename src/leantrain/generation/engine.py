@@ -38,10 +38,9 @@ import contextlib
 import inspect
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,34 +48,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
+from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.bandit import Arm
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import SamplingParams, sample
 from leantrain.generation.speculative import Speculator, verify
-
-FinishReason = Literal["eos", "stop", "length"]
-
-
-@dataclass
-class Completion:
-    """One sampled response.
-
-    Attributes:
-        prompt_ids: the prompt, as given.
-        response_ids: response tokens exactly as sampled, including the EOS or the token that
-            completed a stop string.
-        logprobs: behaviour logprob of each response token (see `Engine.generate`).
-        finish_reason: "eos", "stop" (a stop string) or "length" (max_new_tokens).
-        hidden_states: (len(response_ids), hidden) last-layer hidden states (after the final
-            norm, the lm_head input) at the positions whose logits sampled each response token,
-            on the model's device and dtype; None unless requested.
-    """
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason
-    hidden_states: torch.Tensor | None = None
 
 
 @dataclass
@@ -127,7 +103,8 @@ class _Batch:
 
 
 class Engine:
-    """Rollout engine over a Hugging Face causal LM.
+    """Rollout engine over a Hugging Face causal LM; a rollout `Backend` (generation/backend.py)
+    with every capability.
 
     Args:
         model: any HF causal LM; it runs on its own device and dtype.
@@ -176,6 +153,15 @@ class Engine:
         eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
         self.eos_ids = frozenset(int(t) for t in eos if t is not None)
         self._lm_head_input: torch.Tensor | None = None  # set by a hook when capturing hiddens
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(hidden_states=True, images=True, speculation=True, kv_budget=True)
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load published weights (a state dict) into the model it decodes with; the version is
+        the caller's to track (the engine knows none)."""
+        self.model.load_state_dict(dict(weights))
 
     @property
     def device(self) -> torch.device:

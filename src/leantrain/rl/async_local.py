@@ -23,7 +23,7 @@ from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 
 
 class LocalBackend:
-    """Rollout workers as threads; see `orchestrator.Backend` for the interface."""
+    """Rollout workers as threads; see `orchestrator.WorkerPool` for the interface."""
 
     def __init__(self, config: RLConfig, store: WeightStore, faults: FaultPlan | None) -> None:
         self.config = config

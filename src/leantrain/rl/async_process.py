@@ -129,7 +129,7 @@ class _Child:
 
 
 class ProcessBackend:
-    """Rollout workers as spawned processes; see `orchestrator.Backend` for the interface."""
+    """Rollout workers as spawned processes; see `orchestrator.WorkerPool` for the interface."""
 
     def __init__(self, config: RLConfig, faults: FaultPlan | None) -> None:
         self.config = config

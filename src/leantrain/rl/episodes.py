@@ -34,7 +34,7 @@ into trainer rows once it has been scored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
@@ -43,7 +43,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
-from leantrain.generation import Completion, Engine, FinishReason, SamplingParams
+from leantrain.generation import Capabilities, Completion, Engine, FinishReason, SamplingParams
 from leantrain.rl.trajectory import EpisodeEndReason, Trajectory
 from leantrain.tasks.rewards import ScoreResult
 from leantrain.tasks.tool_arith import ToolCall, reply_text
@@ -209,8 +209,8 @@ class _Live:
 
 
 class EpisodeRunner:
-    """Runs tool episodes on a rollout engine; `generate` has `Engine.generate`'s signature, so
-    an orchestrator can use a runner wherever it uses an engine.
+    """Runs tool episodes on a rollout engine; a rollout `Backend` itself (`generate` has
+    `Engine.generate`'s signature), so a rollout source uses a runner wherever it uses an engine.
 
     Args:
         engine: the rollout engine (its KV-cache budget applies to every turn).
@@ -228,6 +228,14 @@ class EpisodeRunner:
         self.tokenizer = engine.tokenizer
         self.chat = ChatToolFormat(self.tokenizer) if self.tokenizer.chat_template else None
         self._stop_window = len(env.tool_stop.encode()) + 1
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # The engine's, less hidden states: a turn's are never passed on to the episode.
+        return replace(self.engine.capabilities, hidden_states=False)
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        self.engine.load_weights(weights, version)
 
     def generate(
         self,

@@ -40,7 +40,7 @@ from transformers import ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Engine, SamplingParams
+from leantrain.generation import Backend, Engine, SamplingParams
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.checkpoint import list_checkpoints
@@ -129,7 +129,7 @@ class GRPORun:
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
         refuse_unsupported(self.config, self.task, self.heldout[0])
-        engine: Engine | EpisodeRunner = Engine(
+        backend: Backend = Engine(
             self.model,
             self.tokenizer,
             max_batch_size=self.config.max_batch_size,
@@ -138,14 +138,14 @@ class GRPORun:
         )
         # Multi-turn tool tasks: rollouts and evaluations become episodes (rl/episodes.py).
         if is_multi_turn(self.task):
-            engine = EpisodeRunner(engine, self.task)
+            backend = EpisodeRunner(backend, self.task)
         self.report: VisionReport | None = None
         if "image" in self.heldout[0].meta:
             example_inputs(self.tokenizer, self.processor, self.heldout[0])  # text-only: error
             self.report = VisionReport(self.out / "report.html")
         self.source = RolloutSource(
             self.config,
-            engine,
+            backend,
             self.tokenizer,
             self.task,
             self.device,
@@ -195,7 +195,7 @@ class GRPORun:
         prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
         with self.source.autocast():
             images = self.source.image_inputs(examples)
-            completions = self.source.engine.generate(prompts, params, **images)
+            completions = self.source.backend.generate(prompts, params, **images)
         solved = 0.0
         for ex, c in zip(examples, completions, strict=False):
             text = self.tokenizer.decode(c.response_ids, skip_special_tokens=True)

@@ -13,7 +13,7 @@ trains, under three guarantees (arXiv 2604.26256):
 Two threads of control: the trainer (the caller's thread, `AsyncOrchestrator.step`) and the
 dispatcher (a thread that hands batch indices to free workers, collects results, and watches
 every wait against `timeout_s`). Workers are threads (rl/async_local.py), spawned processes
-(rl/async_process.py) or Ray actors (rl/ray_backend.py) behind one small `Backend` interface;
+(rl/async_process.py) or Ray actors (rl/ray_backend.py) behind one small `WorkerPool` interface;
 weights travel as state dicts or object-store references, tagged with their version.
 
 When the trainer needs a batch that no worker has started and no ready worker is free to start
@@ -74,8 +74,9 @@ class LogStep(Protocol):
     ) -> dict[str, Any]: ...
 
 
-class Backend(Protocol):
-    """Where rollout workers live. Slots 0..workers-1 each hold one worker at a time."""
+class WorkerPool(Protocol):
+    """Where rollout workers live: threads, processes or Ray actors (`orchestrator.backend`).
+    Slots 0..workers-1 each hold one worker at a time."""
 
     workers: int
 
@@ -125,7 +126,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: WorkerPool,
         store: WeightStore,
         buffer: BatchBuffer,
         *,
@@ -339,7 +340,7 @@ class AsyncOrchestrator:
             return max(1, total - workers * (self.cfg.rollout_threads or 1))
         return total
 
-    def _make_backend(self, faults: FaultPlan | None) -> Backend:
+    def _make_backend(self, faults: FaultPlan | None) -> WorkerPool:
         if self.cfg.backend == "ray":
             from leantrain.rl.ray_backend import RayBackend
 

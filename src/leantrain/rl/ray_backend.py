@@ -46,7 +46,7 @@ class _Actor:
 
 
 class RayBackend:
-    """Rollout workers as Ray actors; see `orchestrator.Backend` for the interface."""
+    """Rollout workers as Ray actors; see `orchestrator.WorkerPool` for the interface."""
 
     def __init__(self, config: RLConfig, faults: FaultPlan | None) -> None:
         try:

@@ -20,10 +20,10 @@ from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Completion, Engine, SamplingParams
+from leantrain.generation import Backend, Completion, SamplingParams, require
 from leantrain.models import encode_prompt
 from leantrain.models.vision import encode_image_prompt
-from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
+from leantrain.rl.episodes import Episode, episode_trajectories, is_multi_turn
 from leantrain.rl.trajectory import Trajectory
 from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
@@ -140,8 +140,8 @@ class RolloutSource:
 
     Args:
         config: the run config (task, sampling, group size, reward weights, seed).
-        engine: the backend: the rollout `Engine`, or an `EpisodeRunner` around it for tool
-            tasks (the same `generate`).
+        backend: the rollout backend: the `Engine`, an `EpisodeRunner` around it for tool
+            tasks, or another engine; what a setting needs of it is checked here, once.
         tokenizer: the policy's tokenizer.
         task: the task that makes prompts and scores responses.
         device: where the policy lives (autocast follows it).
@@ -152,15 +152,23 @@ class RolloutSource:
     def __init__(
         self,
         config: RLConfig,
-        engine: Engine | EpisodeRunner,
+        backend: Backend,
         tokenizer: PreTrainedTokenizerBase,
         task: Task,
         device: torch.device,
         processor: ProcessorMixin | None = None,
         long_tail: LongTail | None = None,
     ) -> None:
+        if config.max_cache_tokens is not None:
+            require(backend, "kv_budget", "max_cache_tokens")
+        if processor is not None:
+            require(backend, "images", f"model {config.model.name!r} (a vision-language model)")
+        if long_tail is not None:
+            require(backend, "speculation", "speculative.enabled")
+            if long_tail.capture:
+                require(backend, "hidden_states", "speculative.train_drafter")
         self.config = config
-        self.engine = engine
+        self.backend = backend
         self.tokenizer = tokenizer
         self.task = task
         self.device = device
@@ -187,7 +195,9 @@ class RolloutSource:
         images = self.image_inputs(examples, self.config.grpo.group_size)
         capture = {} if self.long_tail is None else {"return_hidden_states": self.long_tail.capture}
         with self.autocast():
-            completions = self.engine.generate(batch, self.sampling, seed=seed, **capture, **images)
+            completions = self.backend.generate(
+                batch, self.sampling, seed=seed, **capture, **images
+            )
         if self.long_tail is not None:
             self.long_tail.observe(step, completions)  # the drafter's training data
         return examples, completions

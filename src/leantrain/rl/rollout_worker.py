@@ -76,25 +76,24 @@ class RolloutWorker:
         self.faults = faults or FaultPlan()
         # On CUDA the copy shares the trainer's GPU (colocated rollouts); fp32 like the trainer.
         self.device = pick_device(config.device)
-        self.model, self.tokenizer = load_model(
-            config.model.name, device=str(self.device), dtype="float32"
-        )
-        self.model.eval().requires_grad_(False)
-        engine = Engine(
-            self.model,
-            self.tokenizer,
+        model, tokenizer = load_model(config.model.name, device=str(self.device), dtype="float32")
+        model.eval().requires_grad_(False)
+        backend = Engine(
+            model,
+            tokenizer,
             max_batch_size=config.max_batch_size,
             max_cache_tokens=config.max_cache_tokens,
         )
         task = make_task(config.task.name, **config.task.options)
         # The trainer's own rollout path, on this worker's copy of the policy.
-        self.source = RolloutSource(config, engine, self.tokenizer, task, self.device)
+        self.source = RolloutSource(config, backend, tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> float:
-        """Load a published version (a state dict) into this worker's copy; returns seconds."""
+        """Load a published version (a state dict) into this worker's backend; returns
+        seconds."""
         t0 = time.perf_counter()
-        self.model.load_state_dict(weights)
+        self.source.backend.load_weights(weights, version)
         self.version = version
         return time.perf_counter() - t0
 
@@ -155,7 +154,7 @@ class RolloutWorker:
             latest = newest() if newest is not None else None
             if latest is not None and latest[0] > self.version:
                 sync_s += self.load(*latest)  # abort and resume on the new version
-            outs = self.source.engine.generate(
+            outs = self.source.backend.generate(
                 [partial[i].prompt_ids + partial[i].response_ids for i in live],
                 segment,
                 seed=seed + k * _SEGMENT_SEED_STRIDE,

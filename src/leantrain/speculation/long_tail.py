@@ -19,8 +19,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from leantrain.generation import Completion
 from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.engine import Completion
 from leantrain.generation.speculative import Drafter, SpeculativeConfig, Speculator
 from leantrain.generation.suffix_drafter import SuffixDrafter
 from leantrain.speculation.spot_trainer import HiddenBuffer, SpotTrainer, ensure_drafter
