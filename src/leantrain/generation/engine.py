@@ -116,6 +116,8 @@ class Engine:
             Its statistics for the last `generate` call are in `speculator.stats`.
     """
 
+    capabilities = Capabilities(hidden_states=True, images=True, speculation=True, kv_budget=True)
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -153,10 +155,6 @@ class Engine:
         eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
         self.eos_ids = frozenset(int(t) for t in eos if t is not None)
         self._lm_head_input: torch.Tensor | None = None  # set by a hook when capturing hiddens
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(hidden_states=True, images=True, speculation=True, kv_budget=True)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load published weights (a state dict) into the model it decodes with; the version is

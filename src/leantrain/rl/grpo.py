@@ -40,15 +40,19 @@ from transformers import ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Backend, Engine, SamplingParams
+from leantrain.generation import SamplingParams
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.checkpoint import list_checkpoints
-from leantrain.rl.episodes import EpisodeRunner, is_multi_turn
 from leantrain.rl.learner import Learner
 from leantrain.rl.orchestrator import AsyncOrchestrator, Timer
 from leantrain.rl.packing import token_metrics
-from leantrain.rl.rollout import RolloutSource, example_inputs, refuse_unsupported
+from leantrain.rl.rollout import (
+    RolloutSource,
+    example_inputs,
+    refuse_unsupported,
+    rollout_backend,
+)
 from leantrain.rl.trajectory import Trajectory
 from leantrain.rl.vision_report import VisionReport
 from leantrain.speculation.long_tail import LongTail
@@ -129,16 +133,9 @@ class GRPORun:
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
         refuse_unsupported(self.config, self.task, self.heldout[0])
-        backend: Backend = Engine(
-            self.model,
-            self.tokenizer,
-            max_batch_size=self.config.max_batch_size,
-            max_cache_tokens=self.config.max_cache_tokens,
-            speculator=None if self.long_tail is None else self.long_tail.speculator,
-        )
-        # Multi-turn tool tasks: rollouts and evaluations become episodes (rl/episodes.py).
-        if is_multi_turn(self.task):
-            backend = EpisodeRunner(backend, self.task)
+        # Multi-turn tool tasks: rollouts and evaluations are episodes (rl/episodes.py).
+        speculator = None if self.long_tail is None else self.long_tail.speculator
+        backend = rollout_backend(self.config, self.model, self.tokenizer, self.task, speculator)
         self.report: VisionReport | None = None
         if "image" in self.heldout[0].meta:
             example_inputs(self.tokenizer, self.processor, self.heldout[0])  # text-only: error

@@ -16,14 +16,14 @@ import contextlib
 from collections.abc import Sequence
 
 import torch
-from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Backend, Completion, SamplingParams, require
+from leantrain.generation import Backend, Completion, Engine, SamplingParams, Speculator, require
 from leantrain.models import encode_prompt
 from leantrain.models.vision import encode_image_prompt
-from leantrain.rl.episodes import Episode, episode_trajectories, is_multi_turn
+from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
 from leantrain.rl.trajectory import Trajectory
 from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
@@ -115,6 +115,26 @@ def to_trajectory(
         text=text,
         error=score.error,
     )
+
+
+def rollout_backend(
+    config: RLConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    speculator: Speculator | None = None,
+) -> Backend:
+    """The run's rollout backend on `model`: the engine with the config's batch size and KV
+    budget (and the long tail's `speculator`), inside an `EpisodeRunner` for a tool task. The
+    trainer and every worker build theirs here, so no setting reaches one and not the other."""
+    engine = Engine(
+        model,
+        tokenizer,
+        max_batch_size=config.max_batch_size,
+        max_cache_tokens=config.max_cache_tokens,
+        speculator=speculator,
+    )
+    return EpisodeRunner(engine, task) if is_multi_turn(task) else engine
 
 
 def refuse_unsupported(config: RLConfig, task: Task, heldout: Example) -> None:

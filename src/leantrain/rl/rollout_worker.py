@@ -24,10 +24,10 @@ import torch
 
 from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Completion, Engine
+from leantrain.generation import Completion
 from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
-from leantrain.rl.rollout import RolloutSource
+from leantrain.rl.rollout import RolloutSource, rollout_backend
 from leantrain.tasks import make_task
 
 # Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
@@ -78,14 +78,9 @@ class RolloutWorker:
         self.device = pick_device(config.device)
         model, tokenizer = load_model(config.model.name, device=str(self.device), dtype="float32")
         model.eval().requires_grad_(False)
-        backend = Engine(
-            model,
-            tokenizer,
-            max_batch_size=config.max_batch_size,
-            max_cache_tokens=config.max_cache_tokens,
-        )
         task = make_task(config.task.name, **config.task.options)
-        # The trainer's own rollout path, on this worker's copy of the policy.
+        # The trainer's own backend and rollout path, on this worker's copy of the policy.
+        backend = rollout_backend(config, model, tokenizer, task)
         self.source = RolloutSource(config, backend, tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
 
