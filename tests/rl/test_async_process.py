@@ -14,7 +14,7 @@ import pytest
 
 from leantrain.config import load_config
 from leantrain.rl.grpo import GRPORun
-from leantrain.rl.orchestrator import AsyncOrchestrator
+from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
 
 _NO_RAY = importlib.util.find_spec("ray") is None
@@ -69,16 +69,14 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     run.learner.step = keep
     # The worker's process exits while holding batch 2 (an actor's death, for Ray).
     faults = FaultPlan(crash=frozenset({(2, 1)}), hard_exit=True)
-    with AsyncOrchestrator(
-        run.config, run.learner, run.source, run.log_step, faults
-    ) as orchestrator:
-        orchestrator.step(_Totals())  # the worker still imports torch: the trainer's batch
+    with Orchestrator(run.config, run.learner, run.source, run.log_step, faults) as orchestrator:
+        orchestrator.step()  # the worker still imports torch: the trainer's batch
         deadline = time.monotonic() + 60
-        while not orchestrator.backend.ready(0):
+        while not orchestrator.pool.ready(0):
             assert time.monotonic() < deadline, "the worker never became ready"
             time.sleep(0.1)
         while run.step < cfg.steps:
-            orchestrator.step(_Totals())
+            orchestrator.step()
         summary = orchestrator.summary()
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
     delivered = [(r["batch_worker"], r["batch_attempt"]) for r in records]
@@ -95,8 +93,3 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     assert set(prompts.values()) == {1}
     for step, batch in enumerate(trained):
         assert all(len(set(t.versions)) == 1 and 0 <= step - t.versions[0] <= 1 for t in batch)
-
-
-class _Totals:
-    generate_s = 0.0
-    train_s = 0.0

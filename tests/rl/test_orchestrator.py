@@ -16,7 +16,7 @@ from leantrain.config import RLConfig, load_config
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import StallError
 from leantrain.rl.grpo import GRPORun
-from leantrain.rl.orchestrator import AsyncOrchestrator
+from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.rl.trajectory import Trajectory
 
@@ -56,17 +56,10 @@ def _recording(run: GRPORun) -> list[list[Trajectory]]:
 
 def _run_async(run: GRPORun, faults: FaultPlan | None = None) -> dict:
     """`run.run()`, but with faults injected into the orchestrator's workers."""
-    with AsyncOrchestrator(
-        run.config, run.learner, run.source, run.log_step, faults
-    ) as orchestrator:
+    with Orchestrator(run.config, run.learner, run.source, run.log_step, faults) as orchestrator:
         while run.step < run.config.steps:
-            orchestrator.step(_Totals())
+            orchestrator.step()
         return orchestrator.summary()
-
-
-class _Totals:
-    generate_s = 0.0
-    train_s = 0.0
 
 
 def _reordered_sum_tolerance(model_config: object, seq_len: int) -> float:
@@ -177,14 +170,14 @@ def test_trained_lengths_are_the_generated_lengths(tiny_path: Path, tmp_path: Pa
     run = GRPORun(cfg, progress=False)
     trained = _recording(run)
     generated: list[int] = []
-    with AsyncOrchestrator(run.config, run.learner, run.source, run.log_step) as orchestrator:
+    with Orchestrator(run.config, run.learner, run.source, run.log_step) as orchestrator:
         put = orchestrator.buffer.put
         orchestrator.buffer.put = lambda b: (  # type: ignore[method-assign]
             generated.extend(len(t.response_ids) for t in b.trajectories),
             put(b),
         )[1]
         while run.step < cfg.steps:
-            orchestrator.step(_Totals())
+            orchestrator.step()
     lengths = sorted(len(t.response_ids) for batch in trained for t in batch)
     assert lengths == sorted(generated)
     assert max(lengths) > 2 * sorted(lengths)[len(lengths) // 2]  # there is a tail to keep
@@ -286,16 +279,12 @@ def test_unsupported_combinations_are_refused(tiny_path: Path, tmp_path: Path) -
             tmp_path / "bad",
             **{"orchestrator.mode": "partial", "orchestrator.backend": "ray"},
         )
-    run = GRPORun(_config(tiny_path, tmp_path / "sync"), progress=False)
-    with pytest.raises(LeantrainError, match=r"needs orchestrator\.mode async"):
-        AsyncOrchestrator(run.config, run.learner, run.source, run.log_step)
 
 
 def test_async_workers_keep_to_the_kv_budget(
     tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from leantrain.generation import Engine
-    from leantrain.rl.rollout import step_batch
 
     cfg = _config(
         tiny_path,
@@ -303,7 +292,7 @@ def test_async_workers_keep_to_the_kv_budget(
         **{"orchestrator.mode": "async", "orchestrator.rollout_workers": 2},
     )
     run = GRPORun(cfg, progress=False)
-    prompts = [step_batch(run.task, run.tokenizer, cfg, s)[1] for s in range(cfg.steps)]
+    prompts = [run.source.batch(s)[1] for s in range(cfg.steps)]
     longest = max(len(p) for batch in prompts for p in batch)
     budget = longest + cfg.sampling.max_new_tokens  # room for the longest row alone
     # Unbudgeted, a whole batch decodes at once: rows x (its longest prompt + one token) at least.

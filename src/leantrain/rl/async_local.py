@@ -23,13 +23,16 @@ from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 
 
 class LocalBackend:
-    """Rollout workers as threads; see `orchestrator.WorkerPool` for the interface."""
+    """`workers` rollout workers as threads (none in a synchronous run); see
+    `orchestrator.WorkerPool` for the interface."""
 
-    def __init__(self, config: RLConfig, store: WeightStore, faults: FaultPlan | None) -> None:
+    def __init__(
+        self, config: RLConfig, store: WeightStore, faults: FaultPlan | None, workers: int
+    ) -> None:
         self.config = config
         self.store = store
         self.faults = faults
-        self.workers = config.orchestrator.rollout_workers
+        self.workers = workers
         self._slots: list[RolloutWorker | None] = [None] * self.workers
         self._generation = 0  # counts replacements, to name workers apart
 

@@ -9,8 +9,9 @@ is simplified: the reference is the starting policy, never refreshed; rewards co
 task's verifier only (no reward model); evaluation is greedy accuracy on a fixed held-out set.
 
 The parts: `RolloutSource` (rl/rollout.py) turns a step into scored trajectories; `Learner`
-(rl/learner.py) trains on them; in `orchestrator.mode` async or partial, `AsyncOrchestrator`
-(rl/orchestrator.py) runs sources in workers ahead of the learner. This file sets them up, runs
+(rl/learner.py) trains on them; `Orchestrator` (rl/orchestrator.py) is the loop that meets them
+in every `orchestrator.mode`: in sync mode the trainer's own source generates each batch, in
+async or partial mode sources in workers run ahead of the learner. This file sets them up, runs
 the loop, evaluates before and after, logs every step and checkpoints.
 
     from leantrain.config import load_config
@@ -26,7 +27,6 @@ and every training forward, and `report.html` shows sampled images with their co
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
@@ -45,7 +45,7 @@ from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.checkpoint import list_checkpoints
 from leantrain.rl.learner import Learner
-from leantrain.rl.orchestrator import AsyncOrchestrator, Timer
+from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.packing import token_metrics
 from leantrain.rl.rollout import (
     RolloutSource,
@@ -205,16 +205,10 @@ class GRPORun:
         cfg = self.config
         if self.accuracy_before is None:
             self.accuracy_before = self.evaluate()
-        totals = Timer()
-        # Async modes: rollouts run ahead in workers; the orchestrator hands over each step's
-        # batch (rl/orchestrator.py). Sync mode: `_one_step` generates and trains in turn.
-        orchestrator = None
-        if cfg.orchestrator.mode != "sync":
-            orchestrator = AsyncOrchestrator(cfg, self.learner, self.source, self.log_step)
-        one_step = self._one_step if orchestrator is None else orchestrator.step
+        orchestrator = Orchestrator(cfg, self.learner, self.source, self.log_step)
         start = time.perf_counter()
         with (
-            orchestrator or contextlib.nullcontext(),
+            orchestrator,
             Progress(
                 *Progress.get_default_columns()[:1],
                 BarColumn(),
@@ -226,7 +220,7 @@ class GRPORun:
         ):
             job = bar.add_task("GRPO", total=cfg.steps, completed=self.step)
             while self.step < cfg.steps:
-                record = one_step(totals)
+                record = orchestrator.step()
                 bar.update(
                     job,
                     advance=1,
@@ -248,33 +242,16 @@ class GRPORun:
             "accuracy_after": accuracy_after,
             "eval_size": len(self.heldout),
             "seconds_total": round(seconds_total, 2),
-            "seconds_generating": round(totals.generate_s, 2),
-            "seconds_training": round(totals.train_s, 2),
-            "seconds_idle": round(seconds_total - totals.generate_s - totals.train_s, 2),
+            "seconds_generating": round(orchestrator.generate_s, 2),
+            "seconds_training": round(orchestrator.train_s, 2),
+            "seconds_idle": round(
+                seconds_total - orchestrator.generate_s - orchestrator.train_s, 2
+            ),
+            **orchestrator.summary(),
         }
-        if orchestrator is not None:
-            summary.update(orchestrator.summary())
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
         return summary
-
-    def _one_step(self, totals: Timer) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        examples, completions = self.source.sample(self.step)
-        t1 = time.perf_counter()
-        # Scoring counts as idle time.
-        trajectories = self.source.score(examples, completions, self.version)
-        t_train = time.perf_counter()
-        stats = self.learner.step(trajectories)
-        t2 = time.perf_counter()
-        if self.report is not None:  # sampled images with their completions, for a person
-            self.report.add(self.step, examples, trajectories, self.config.grpo.group_size)
-        idle_s = time.perf_counter() - t0 - (t1 - t0) - (t2 - t_train)
-        totals.generate_s += t1 - t0
-        totals.train_s += t2 - t_train
-        return self.log_step(
-            trajectories, stats, gen_s=t1 - t0, train_s=t2 - t_train, idle_s=idle_s
-        )
 
     def log_step(
         self,
@@ -286,8 +263,12 @@ class GRPORun:
         **extra: float | int | str,
     ) -> dict[str, Any]:
         """Append the finished step's record (plus `extra` fields) to metrics.jsonl and a few
-        of its completions to completions.jsonl; returns the record."""
+        of its completions to completions.jsonl (and, for image prompts, to report.html);
+        returns the record."""
         group = self.config.grpo.group_size
+        if self.report is not None:  # sampled images with their completions, for a person
+            # The step just trained on batch `step - 1`; its prompts are a function of the index.
+            self.report.add(self.step, self.source.examples(self.step - 1), trajectories, group)
         for t in trajectories[: self.config.log_completions * group : group]:
             self.completions.write(
                 {

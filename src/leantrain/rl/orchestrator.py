@@ -1,4 +1,7 @@
-"""Asynchronous GRPO (DORA-style): rollout workers generate later steps' batches while the trainer
+"""The one RL loop, for every `orchestrator.mode`: batch n comes out of the buffer, the learner
+trains on it, the new weights are published, the step is logged. Synchronous is the case with no
+workers and staleness 0: the trainer generates every batch itself, on the weights it is about to
+train. Asynchronous (DORA-style), rollout workers generate later steps' batches while the trainer
 trains, under three guarantees (arXiv 2604.26256):
 
 1. intra-trajectory consistency: in `async` mode a batch is generated on the one version it
@@ -7,8 +10,8 @@ trains, under three guarantees (arXiv 2604.26256):
 2. data integrity: every batch reaches the trainer exactly once, oldest first; a worker that
    dies or stalls has its batch re-queued and a late duplicate is rejected (rl/buffer.py);
 3. bounded staleness: batch n starts only on weights published after step n - k, so the trainer
-   never trains on a policy more than k versions old. k = 0 is the synchronous run, trajectory
-   for trajectory.
+   never trains on a policy more than k versions old. Async with k = 0 is the synchronous run,
+   trajectory for trajectory.
 
 Two threads of control: the trainer (the caller's thread, `AsyncOrchestrator.step`) and the
 dispatcher (a thread that hands batch indices to free workers, collects results, and watches
@@ -17,8 +20,9 @@ every wait against `timeout_s`). Workers are threads (rl/async_local.py), spawne
 weights travel as state dicts or object-store references, tagged with their version.
 
 When the trainer needs a batch that no worker has started and no ready worker is free to start
-(at the start, while worker processes or actors boot), it generates that batch itself on its
-current weights instead of waiting: a start-up costs seconds that would otherwise be idle.
+(every batch of a synchronous run; at the start of an async one, while worker processes or actors
+boot), it generates that batch itself on its current weights instead of waiting: its own
+`RolloutSource` shares the learner's weights, so it needs no publish.
 
 Knows nothing about losses or engines: it is handed the `Learner` (rl/learner.py), the trainer's
 own `RolloutSource` (rl/rollout.py) for the batches it generates itself, and a callback that logs
@@ -49,14 +53,6 @@ from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.rl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Timer:
-    """Seconds a run spent generating and training; the rest of its time is idle."""
-
-    generate_s: float = 0.0
-    train_s: float = 0.0
 
 
 class LogStep(Protocol):
@@ -126,7 +122,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        backend: WorkerPool,
+        pool: WorkerPool,
         store: WeightStore,
         buffer: BatchBuffer,
         *,
@@ -137,7 +133,7 @@ class Dispatcher:
         max_restarts: int,
         trainer: _Activity,
     ) -> None:
-        self.backend = backend
+        self.pool = pool
         self.store = store
         self.buffer = buffer
         self.todo = list(range(first, last))  # sorted: re-queued batches go back in order
@@ -156,11 +152,13 @@ class Dispatcher:
         self._thread = threading.Thread(target=self._loop, name="rollout-dispatcher", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        if self.pool.workers:  # with none, the trainer claims every batch itself
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timeout_s)
 
     def check(self) -> None:
         """Raise the dispatcher's fatal error, if any (called by the waiting trainer)."""
@@ -173,8 +171,8 @@ class Dispatcher:
         with self._lock:
             if not self.todo or self.todo[0] != index:
                 return None
-            idle = [slot for slot in range(self.backend.workers) if slot not in self.running]
-            if any(map(self.backend.ready, idle)):
+            idle = [slot for slot in range(self.pool.workers) if slot not in self.running]
+            if any(map(self.pool.ready, idle)):
                 return None
             self.todo.pop(0)
             self.attempts[index] += 1
@@ -189,7 +187,7 @@ class Dispatcher:
             # A snapshot: the dispatcher thread changes `running` meanwhile.
             for slot, j in sorted(list(self.running.items()))
         ]
-        idle = self.backend.workers - len(self.running)
+        idle = self.pool.workers - len(self.running)
         parts = jobs + ([f"{idle} worker(s) idle"] if idle else [])
         parts.append(f"trainer {self.trainer.doing} for {now - self.trainer.since:.1f} s")
         if self.todo:
@@ -200,7 +198,7 @@ class Dispatcher:
 
     def _loop(self) -> None:
         try:
-            free = list(range(self.backend.workers))
+            free = list(range(self.pool.workers))
             waiting_since: float | None = None
             while not self._stop.is_set() and (self.todo or self.running):
                 with self._lock:
@@ -208,7 +206,7 @@ class Dispatcher:
                     futures = [j.future for j in self.running.values()]
                 if futures:
                     cf.wait(futures, timeout=0.05, return_when=cf.FIRST_COMPLETED)
-                elif self.todo and any(map(self.backend.ready, free)):
+                elif self.todo and any(map(self.pool.ready, free)):
                     self.store.wait_for_step(self.todo[0] - self.k, timeout=0.05)
                 else:
                     self._stop.wait(0.05)  # every worker is still starting
@@ -221,7 +219,7 @@ class Dispatcher:
     def _admit(self, free: list[int], waiting_since: float | None) -> float | None:
         """Start the next batches on free, ready workers while admission allows; returns since
         when the next batch has waited for weights (None if it is not waiting)."""
-        while self.todo and (ready := [slot for slot in free if self.backend.ready(slot)]):
+        while self.todo and (ready := [slot for slot in free if self.pool.ready(slot)]):
             index = self.todo[0]
             weights = self.store.newest()
             if weights is None or weights.step < index - self.k:
@@ -239,7 +237,7 @@ class Dispatcher:
             free.remove(slot)
             self.todo.pop(0)
             self.attempts[index] += 1
-            future = self.backend.submit(slot, index, self.attempts[index], weights)
+            future = self.pool.submit(slot, index, self.attempts[index], weights)
             self.running[slot] = _Job(
                 index, self.attempts[index], weights.version, time.monotonic(), future
             )
@@ -272,22 +270,27 @@ class Dispatcher:
                     "worker restarts (orchestrator.max_restarts)"
                 )
             log.error("rollout worker %d %s; replacing it and re-queuing the batch", slot, problem)
-            self.backend.abandon(slot)
-            self.backend.start(slot)
+            self.pool.abandon(slot)
+            self.pool.start(slot)
             bisect.insort(self.todo, job.index)
 
 
-class AsyncOrchestrator:
-    """Drives a run asynchronously: a context manager that starts and stops the workers, and
-    `step()`, one learner step on the oldest finished batch (the sync run's `_one_step`).
+class Orchestrator:
+    """Drives a run in any mode: a context manager that starts and stops the workers (none in
+    sync mode), and `step()`, one learner step on the oldest finished batch.
 
     Args:
         config: the run config (its `orchestrator` section, steps, and what workers build).
         learner: trains on the batches and publishes each new version; its step and version say
             where to start (a resumed run continues).
-        source: the trainer's own rollout path, for batches no worker can start yet.
+        source: the trainer's own rollout path, for batches no worker can start (every batch of
+            a synchronous run).
         log_step: appends each finished step to the run's metrics.
         faults: faults to inject into the workers, for tests.
+
+    Attributes:
+        generate_s: seconds spent generating batches (workers' time overlaps training).
+        train_s: seconds the learner spent training.
     """
 
     def __init__(
@@ -303,15 +306,16 @@ class AsyncOrchestrator:
         self.source = source
         self.log_step = log_step
         self.cfg = config.orchestrator
-        if self.cfg.mode == "sync":
-            raise LeantrainError("AsyncOrchestrator needs orchestrator.mode async or partial")
-        k = self.cfg.max_staleness
+        sync = self.cfg.mode == "sync"
+        # Stale samples need a correction; a synchronous batch is on-policy by construction.
+        self.correction = "none" if sync else self.cfg.off_policy
+        k = 0 if sync else self.cfg.max_staleness
         self.store = WeightStore(keep=k + 1)
         self.buffer = BatchBuffer(capacity=k + 1, next_index=learner.steps)
         self.trainer = _Activity("starting", time.monotonic(), busy=False)
-        self.backend = self._make_backend(faults)
+        self.pool = self._make_pool(0 if sync else self.cfg.rollout_workers, faults)
         self.dispatcher = Dispatcher(
-            self.backend,
+            self.pool,
             self.store,
             self.buffer,
             first=learner.steps,
@@ -322,6 +326,8 @@ class AsyncOrchestrator:
             trainer=self.trainer,
         )
         self.max_staleness_seen = 0
+        self.generate_s = 0.0
+        self.train_s = 0.0
         self.weight_sync_s: list[float] = []
         self.wait_s = 0.0  # trainer time spent waiting for batches
         self.generation_idle = 0.0  # as of the last step
@@ -332,31 +338,33 @@ class AsyncOrchestrator:
         """The trainer's torch threads. Locally torch's thread count is per process, so the
         trainer and each worker thread all get an even share; worker processes and actors of a
         local Ray take `rollout_threads` each (1 by default) off the machine; a cluster's actors
-        take none."""
-        workers, total = self.cfg.rollout_workers, self._threads_before
+        take none; with no workers the trainer keeps every thread."""
+        workers, total = self.pool.workers, self._threads_before
+        if workers == 0:
+            return total
         if self.cfg.backend == "local":
             return max(1, self.cfg.rollout_threads or total // (workers + 1))
         if self.cfg.ray_address is None:
             return max(1, total - workers * (self.cfg.rollout_threads or 1))
         return total
 
-    def _make_backend(self, faults: FaultPlan | None) -> WorkerPool:
-        if self.cfg.backend == "ray":
+    def _make_pool(self, workers: int, faults: FaultPlan | None) -> WorkerPool:
+        if workers and self.cfg.backend == "ray":
             from leantrain.rl.ray_backend import RayBackend
 
             return RayBackend(self.config, faults)
-        if self.cfg.backend == "process":
+        if workers and self.cfg.backend == "process":
             from leantrain.rl.async_process import ProcessBackend
 
             return ProcessBackend(self.config, faults)
         from leantrain.rl.async_local import LocalBackend
 
-        return LocalBackend(self.config, self.store, faults)
+        return LocalBackend(self.config, self.store, faults, workers)
 
-    def __enter__(self) -> AsyncOrchestrator:
+    def __enter__(self) -> Orchestrator:
         torch.set_num_threads(self._trainer_threads())
-        for slot in range(self.backend.workers):
-            self.backend.start(slot)
+        for slot in range(self.pool.workers):
+            self.pool.start(slot)
         self._publish()
         self._start = time.monotonic()
         self.dispatcher.start()
@@ -369,20 +377,21 @@ class AsyncOrchestrator:
         tb: TracebackType | None,
     ) -> None:
         self.dispatcher.stop()
-        self.backend.shutdown()
+        self.pool.shutdown()
         torch.set_num_threads(self._threads_before)
 
     def _publish(self) -> float:
-        """Publish the trainer's weights as (step, version); returns seconds."""
+        """Publish the trainer's weights as (step, version); returns seconds. Only workers need
+        a copy: the trainer's own source samples on the learner's weights."""
         t0 = time.perf_counter()
-        payload = self.backend.publish(self.learner.publish())
+        payload = self.pool.publish(self.learner.publish()) if self.pool.workers else None
         self.store.publish(self.learner.steps, self.learner.version, payload)
         return time.perf_counter() - t0
 
     def _doing(self, what: str, busy: bool) -> None:
         self.trainer.doing, self.trainer.since, self.trainer.busy = what, time.monotonic(), busy
 
-    def step(self, totals: Timer) -> dict[str, Any]:
+    def step(self) -> dict[str, Any]:
         """Train on the oldest batch (waiting for it if need be), publish the new weights, log."""
         learner = self.learner
         t0 = time.perf_counter()
@@ -402,9 +411,7 @@ class AsyncOrchestrator:
         ]
         self._doing(f"training step {learner.steps + 1}", busy=True)
         t1 = time.perf_counter()
-        stats = learner.step(
-            batch.trajectories, correction=self.cfg.off_policy, is_cap=self.cfg.is_cap
-        )
+        stats = learner.step(batch.trajectories, correction=self.correction, is_cap=self.cfg.is_cap)
         train_s = time.perf_counter() - t1
         self._doing(f"publishing the weights of step {learner.steps}", busy=True)
         publish_s = self._publish()
@@ -412,8 +419,8 @@ class AsyncOrchestrator:
         self.max_staleness_seen = max(self.max_staleness_seen, *staleness)
         self.weight_sync_s.append(publish_s + batch.weight_sync_s)
         self.generation_idle = self._generation_idle()
-        totals.generate_s += batch.generate_s
-        totals.train_s += train_s
+        self.generate_s += batch.generate_s
+        self.train_s += train_s
         mixed = sum(len(set(t.versions)) > 1 for t in batch.trajectories)
         return self.log_step(
             batch.trajectories,
@@ -453,14 +460,17 @@ class AsyncOrchestrator:
 
     def _generation_idle(self) -> float:
         """Share of worker time (workers x seconds since start) not spent on a batch."""
-        elapsed = (time.monotonic() - self._start) * self.backend.workers
+        elapsed = (time.monotonic() - self._start) * self.pool.workers
         jobs = list(self.dispatcher.running.values())  # a snapshot, as in `describe`
         running = sum(time.monotonic() - j.started for j in jobs)
         return max(0.0, 1.0 - (self.dispatcher.busy_s + running) / max(elapsed, 1e-9))
 
     def summary(self) -> dict[str, Any]:
-        """The async fields of the run summary. `seconds_generating` is worker time, which
-        overlaps training; `seconds_idle` is the trainer's time waiting for batches."""
+        """The async fields of the run summary (none for a synchronous run). Async
+        `seconds_generating` is worker time, which overlaps training; `seconds_idle` is the
+        trainer's time waiting for batches."""
+        if self.cfg.mode == "sync":
+            return {}
         return {
             "mode": self.cfg.mode,
             "backend": self.cfg.backend,

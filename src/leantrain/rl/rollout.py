@@ -3,9 +3,9 @@ trajectories. `RolloutSource` runs in-process (the synchronous run, and the trai
 generates a batch itself) and inside every rollout worker (thread, process, Ray actor), so the
 two can never drift apart: the same prompts, seeds, sampling, KV budget and scoring everywhere.
 
-A step's batch is a function of the config and the step index only (`step_batch`), so any worker
-rebuilds any step's batch and a re-queued batch is the same batch. What a worker cannot do (tool
-episodes, image prompts, speculation) is refused once, at set-up, by `refuse_unsupported`.
+A step's batch is a function of the config and the step index only (`RolloutSource.batch`), so
+any worker rebuilds any step's batch and a re-queued batch is the same batch. What a worker
+cannot do (tool episodes, image prompts) is refused once, at set-up, by `refuse_unsupported`.
 
 Knows nothing about training, optimizers or scheduling.
 """
@@ -70,24 +70,6 @@ def example_inputs(
     return encode_image_prompt(
         processor, example.prompt, image if isinstance(image, list) else [image]
     )
-
-
-def step_batch(
-    task: Task,
-    tokenizer: PreTrainedTokenizerBase,
-    config: RLConfig,
-    step: int,
-    processor: ProcessorMixin | None = None,
-) -> tuple[list[Example], list[list[int]], int]:
-    """Step `step`'s prompts, its prompt-major batch (`group_size` copies of each prompt's ids)
-    and its sampling seed. A function of the config and the step only, so any rollout worker
-    rebuilds any step's batch, and a re-queued batch is the same batch. Image prompts need the
-    VLM's `processor` (their pixel values: `example_inputs`)."""
-    g = config.grpo
-    examples = task.examples(g.prompts_per_step, config.seed * _PROMPT_SEED_STRIDE + step)
-    prompt_ids = [example_inputs(tokenizer, processor, ex)[0] for ex in examples]
-    batch = [ids for ids in prompt_ids for _ in range(g.group_size)]
-    return examples, batch, config.seed * _SAMPLING_SEED_OFFSET + step
 
 
 def to_trajectory(
@@ -199,9 +181,19 @@ class RolloutSource:
     def autocast(self) -> contextlib.AbstractContextManager:
         return compute_autocast(self.config, self.device)
 
+    def examples(self, step: int) -> list[Example]:
+        """Step `step`'s prompts (`prompts_per_step` of them), from the seed and the step only."""
+        n = self.config.grpo.prompts_per_step
+        return self.task.examples(n, self.config.seed * _PROMPT_SEED_STRIDE + step)
+
     def batch(self, step: int) -> tuple[list[Example], list[list[int]], int]:
-        """Step `step`'s examples, prompt-major prompt ids and sampling seed (`step_batch`)."""
-        return step_batch(self.task, self.tokenizer, self.config, step, self.processor)
+        """Step `step`'s examples, its prompt-major batch (`group_size` copies of each prompt's
+        ids) and its sampling seed. A function of the config and the step only, so any rollout
+        worker rebuilds any step's batch, and a re-queued batch is the same batch."""
+        examples = self.examples(step)
+        prompt_ids = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
+        batch = [ids for ids in prompt_ids for _ in range(self.config.grpo.group_size)]
+        return examples, batch, self.config.seed * _SAMPLING_SEED_OFFSET + step
 
     def rollout(self, step: int, version: int) -> list[Trajectory]:
         """`group_size` responses to each of step `step`'s prompts, sampled at `version`,
@@ -224,7 +216,7 @@ class RolloutSource:
 
     def image_inputs(self, examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
         """`{"images": pixel values per prompt}` for the engine, each example's `repeat` times
-        in a row (prompt-major, as `step_batch`); {} for text examples."""
+        in a row (prompt-major, as `batch`); {} for text examples."""
         if self.processor is None or "image" not in examples[0].meta:
             return {}
         pixels = [example_inputs(self.tokenizer, self.processor, ex)[1] for ex in examples]
