@@ -30,10 +30,10 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.generation import Completion, Engine
-from leantrain.generation.drafter import EagleDrafter, drafter_loss
 from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
 from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.speculation.drafter import EagleDrafter, drafter_loss
 from leantrain.tasks import ArithTask
 
 # Bump when the warm-start recipe changes, so stale cached drafters are rebuilt.

@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from leantrain.config import SpeculativeConfig
 from leantrain.generation import Engine, SamplingParams
-from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
 from leantrain.models import encode_prompt, load_model
 from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.drafter import EagleDrafter
 from leantrain.speculation.long_tail import LongTail
+from leantrain.speculation.speculator import BanditSpeculator
 from leantrain.speculation.spot_trainer import (
     HiddenBuffer,
     SpotTrainer,
@@ -59,7 +60,7 @@ def arith_prompts(tok, n: int, seed: int) -> list[list[int]]:
 
 def accept_len(model, tok, drafter, prompts) -> float:
     config = SpeculativeConfig(enabled=True, threshold=len(prompts), draft_lengths=[4])
-    spec = Speculator(config, {"eagle": drafter})
+    spec = BanditSpeculator(config, {"eagle": drafter})
     engine = Engine(model, tok, max_batch_size=len(prompts), speculator=spec)
     engine.generate(prompts, GREEDY)
     return spec.stats.mean_accept_len

@@ -13,7 +13,7 @@ drafter its own predicted features exactly as drafting does, so training matches
 is TLT's: 0.5 x smooth-L1 regression on the next hidden state + 0.5 x cross-entropy against the
 target's next-token distribution, on response tokens only (only they are captured).
 
-Online training (the spot trainer) and the warm-start cache are in speculation/spot_trainer.py.
+Online training (the spot trainer) and the warm-start cache are in spot_trainer.py.
 """
 
 from __future__ import annotations
