@@ -157,6 +157,24 @@ def test_spot_trainer_thread_trains_only_when_idle_and_saves_versions(tiny, warm
     assert len(buffer) == 0
 
 
+def test_publish_hands_the_live_drafter_a_snapshot_through_load_weights(tiny, warm):
+    # The policy's mechanism: the producer's `weights_snapshot`, the consumer's `load_weights`.
+    model, tok = tiny
+    buffer = HiddenBuffer(keep_steps=1)
+    prompts = arith_prompts(tok, 4, seed=5)
+    buffer.add(0, Engine(model, tok).generate(prompts, GREEDY, return_hidden_states=True))
+    live = bound_copy(warm[0], model)
+    trainer = SpotTrainer(live, buffer)
+    versions = []
+    load = live.load_weights
+    live.load_weights = lambda weights, version: (versions.append(version), load(weights, version))
+    assert trainer.train_steps(3) == 3 and trainer.publish() == 1 and versions == [1]
+    for name, value in trainer.student.state_dict().items():
+        assert torch.equal(live.state_dict()[name], value), name
+    trainer.train_steps(1)  # the student trains on; the published copy stays as it was
+    assert not torch.equal(live.fc.weight, trainer.student.fc.weight)
+
+
 def test_drafter_cache_and_long_tail_metrics(tiny, tiny_path, tmp_path, monkeypatch):
     model, tok = tiny
     monkeypatch.setenv("LEANTRAIN_HOME", str(tmp_path / "home"))

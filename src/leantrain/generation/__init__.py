@@ -3,7 +3,14 @@
 over any Hugging Face causal LM) with lossless speculative verification behind the `Speculator`
 protocol (the drafters, the bandit and the long-tail switch: `leantrain.speculation`)."""
 
-from leantrain.generation.backend import Backend, Capabilities, Completion, FinishReason, require
+from leantrain.generation.backend import (
+    Backend,
+    Capabilities,
+    Completion,
+    FinishReason,
+    require,
+    weights_snapshot,
+)
 from leantrain.generation.engine import Engine
 from leantrain.generation.sampling import SamplingParams, sample
 from leantrain.generation.speculative import Speculator
@@ -18,4 +25,5 @@ __all__ = [
     "Speculator",
     "require",
     "sample",
+    "weights_snapshot",
 ]
