@@ -55,12 +55,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel
 
-from leantrain.config import load_config
-from leantrain.generation import Engine, SamplingParams
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
+from leantrain.config import SpeculativeConfig, load_config
+from leantrain.generation import Engine, SamplingParams, Speculator
 from leantrain.models import encode_prompt
 from leantrain.rl.grpo import GRPORun
 from leantrain.speculation.long_tail import LongTail
+from leantrain.speculation.speculator import BanditSpeculator
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results"
@@ -177,7 +177,7 @@ def main() -> None:
         )
         long_tail = LongTail(spec_config, rollout_model, run.tokenizer, args.model)
         # The plain side times its tail with a disabled speculator (same threshold, no drafts).
-        observer = Speculator(spec_config.model_copy(update={"enabled": False}), {})
+        observer = BanditSpeculator(spec_config.model_copy(update={"enabled": False}), {})
         identical = greedy_identical(
             run, rollout_model, long_tail.speculator, 8, 64 if args.quick else 128
         )

@@ -1,5 +1,6 @@
 """Shared fixtures. Tests run offline on the built-in tiny model, built once per machine (about a
-minute) into the normal cache and reused; pytest-xdist workers wait on its file lock."""
+minute) into the normal cache and reused; pytest-xdist workers wait on its file lock. The engine
+and speculation tests share a random-init tiny Llama (`model`), its byte tokenizer and prompts."""
 
 from __future__ import annotations
 
@@ -7,14 +8,51 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from leantrain.config import RLConfig, load_config
+from leantrain.models.tiny_config import tiny_config
+from leantrain.models.tokenizer import build_byte_tokenizer
+
+TEXTS = [
+    "sum 3 5 2 7\n",
+    "hi",
+    "sum 1 2 3 4 5 6 7 8 9 1 2 3\n",
+    "x",
+    "hello world, how are you",
+    "ab",
+    "The quick brown fox",
+    "0123456789",
+]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_thread_per_worker():
-    # Two xdist workers on two cores: one intra-op thread each avoids oversubscription.
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_per_module():
+    # Two xdist workers on two cores: one intra-op thread each avoids oversubscription; and ops
+    # on a 1 M-parameter model take microseconds, where a second thread only adds fan-out cost
+    # (OpenMP spin-waits on a busy machine turn them into ms). Set per module, so a run that
+    # changed the count (`threads:`) does not leak it into the next module.
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """A random-init tiny Llama with a wide init (std 0.3, so greedy margins are far above
+    batching noise)."""
+    torch.manual_seed(0)
+    config = tiny_config(tok)
+    config.initializer_range = 0.3
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    return [tok.encode(t) for t in TEXTS]
 
 
 @pytest.fixture(scope="session")

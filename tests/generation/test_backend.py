@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from leantrain.errors import LeantrainError
-from leantrain.generation import Capabilities, Engine, require
+from leantrain.generation import Capabilities, Engine, require, weights_snapshot
 from leantrain.models import load_model
 
 
@@ -38,3 +38,14 @@ def test_the_engine_has_every_capability_and_loads_weights_by_name(tiny_path) ->
     engine.load_weights(moved, version=3)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, moved[name]), name
+
+
+def test_a_weights_snapshot_is_a_copy_the_producer_can_go_on_training() -> None:
+    producer = torch.nn.Linear(3, 2)
+    snapshot = weights_snapshot(producer)
+    before = {k: v.clone() for k, v in snapshot.items()}
+    with torch.no_grad():
+        producer.weight.add_(1.0)  # the learner's in-place update after publishing
+    assert snapshot.keys() == {"weight", "bias"}
+    for name, tensor in snapshot.items():
+        assert torch.equal(tensor, before[name]) and not tensor.requires_grad, name

@@ -1,12 +1,19 @@
 """Inference only: the rollout `Backend` protocol and its capabilities; the native engine
 (batched KV-cache decoding with continuous batching, sampling, logprobs and hidden-state capture
-over any Hugging Face causal LM) with speculative verification, its drafters and bandit (the
-long-tail switch and drafter training: `leantrain.speculation`)."""
+over any Hugging Face causal LM) with lossless speculative verification behind the `Speculator`
+protocol (the drafters, the bandit and the long-tail switch: `leantrain.speculation`)."""
 
-from leantrain.generation.backend import Backend, Capabilities, Completion, FinishReason, require
+from leantrain.generation.backend import (
+    Backend,
+    Capabilities,
+    Completion,
+    FinishReason,
+    require,
+    weights_snapshot,
+)
 from leantrain.generation.engine import Engine
 from leantrain.generation.sampling import SamplingParams, sample
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
+from leantrain.generation.speculative import Speculator
 
 __all__ = [
     "Backend",
@@ -15,8 +22,8 @@ __all__ = [
     "Engine",
     "FinishReason",
     "SamplingParams",
-    "SpeculativeConfig",
     "Speculator",
     "require",
     "sample",
+    "weights_snapshot",
 ]

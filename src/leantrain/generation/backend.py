@@ -1,7 +1,8 @@
 """The rollout backend protocol: what rollouts, evaluation and the RL workers need from a
 generator, so the native engine (generation/engine.py) and another engine (vLLM) can stand in
 for each other. Token ids in, `Completion`s out, weights loaded by name with their policy
-version.
+version: a producer publishes `weights_snapshot(model)` and every consumer takes it through
+`load_weights(weights, version)` (the policy's backends, the speculator's drafter alike).
 
 Backends differ in what they can do beyond plain sampling; each says so in its `capabilities`,
 and a setting that needs one a backend lacks is refused once, at set-up, by `require`, naming
@@ -82,6 +83,12 @@ class Backend(Protocol):
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load the policy's weights (a state dict by name) published as `version`."""
         ...
+
+
+def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of `model`'s weights, on its device: what `load_weights` takes (a copy,
+    since the producer updates its weights in place while consumers still read these)."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def require(backend: Backend, capability: str, setting: str) -> None:

@@ -16,11 +16,12 @@ could never pass the budget, even if every row ran to `max_new_tokens`. The cach
 rectangle (rows x the longest row), so the check is on rows x max(prompt + max_new_tokens);
 a long tail waits in the queue instead of running out of memory.
 
-Speculative decoding (optional `speculator`, see generation/speculative.py): in the long tail
-a drafter proposes k tokens per row, one forward over [last token, drafts] verifies them, and
-each row keeps its accepted prefix. Rows accept different counts, so a rejected column is masked
-out in its row (a hole: never attended, its key already carries the right position) and only the
-columns no row kept are cut from the cache.
+Speculative decoding (optional `speculator`, see generation/speculative.py): at a step the
+speculator picks (leantrain.speculation's: in the long tail) it drafts k tokens per row, one
+forward over [last token, drafts] verifies them, and each row keeps its accepted prefix. Rows
+accept different counts, so a rejected column is masked out in its row (a hole: never attended,
+its key already carries the right position) and only the columns no row kept are cut from the
+cache.
 
 Images (vision-language models such as Llava): a prompt may come with pixel values; its ids
 already hold the image tokens the processor expanded (models/vision.py). The prefill passes the
@@ -49,7 +50,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
-from leantrain.generation.bandit import Arm
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import SamplingParams, sample
 from leantrain.generation.speculative import Speculator, verify
@@ -112,8 +112,8 @@ class Engine:
         max_batch_size: most sequences decoding at once.
         max_cache_tokens: KV-cache token budget (cached tokens summed over rows, padding
             included); None = unbounded. Admission reserves prompt + max_new_tokens per row.
-        speculator: speculative decoding in the long tail; None decodes one token per step.
-            Its statistics for the last `generate` call are in `speculator.stats`.
+        speculator: speculative decoding (e.g. leantrain.speculation's, in the long tail);
+            None decodes one token per step.
     """
 
     capabilities = Capabilities(hidden_states=True, images=True, speculation=True, kv_budget=True)
@@ -346,20 +346,19 @@ class Engine:
                 index = torch.tensor(keep, device=tokens.device)
                 tokens = tokens[index]
                 hidden = None if hidden is None else hidden[index]
-            arm = self.speculator.choose(len(keep), len(queue)) if self.speculator else None
-            if arm is not None and arm.k > 0:
+            k = self.speculator.choose(len(keep), len(queue)) if self.speculator else None
+            if k is not None and k > 0:
                 batch, logits, hidden, forced = self._speculate(
-                    arm, batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
+                    batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
                 )
                 continue
             logits, hidden = self._decode(batch, tokens)
             forced = None
-            if arm is not None:  # the bandit's no-speculation arm: a plain step, timed
+            if k is not None:  # a plain step the speculator times (the bandit's k = 0 arm)
                 self.speculator.record(emitted=len(keep))
 
     def _speculate(
         self,
-        arm: Arm,
         batch: _Batch,
         tokens: torch.Tensor,
         hidden: torch.Tensor | None,
@@ -369,14 +368,14 @@ class Engine:
         on_finish: Callable[[], object] | None,
         stop_window: int,
     ) -> tuple[_Batch | None, torch.Tensor | None, torch.Tensor | None, tuple | None]:
-        """One speculative step after `tokens` (B,) were sampled: draft with `arm`, feed [token,
-        drafts] in one forward, keep each row's accepted prefix (its tokens join the responses).
+        """One speculative step after `tokens` (B,) were sampled: draft, feed [token, drafts] in
+        one forward, keep each row's accepted prefix (its tokens join the responses).
 
         Returns the batch (None if every row finished), the next logits (B, V), hiddens (B, H)
         and forced tokens, as `_run` keeps them.
         """
         spec = self.speculator
-        draft = spec.propose(arm, batch.seqs, hidden, params, generator).to(tokens.device)
+        draft = spec.propose(batch.seqs, hidden, params, generator).to(tokens.device)
         fed = torch.cat([tokens[:, None], draft.tokens], 1)  # (B, k+1)
         all_logits, all_hidden = self._feed(batch, fed)  # (B, k+1, V), (B, k+1, H) or None
         verdict = verify(all_logits, draft, params, generator)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from leantrain.config import RLConfig
+from leantrain.generation.backend import weights_snapshot
 from leantrain.rl.advantages import group_advantages
 from leantrain.rl.checkpoint import load_checkpoint, save_checkpoint
 from leantrain.rl.losses import policy_loss
@@ -53,12 +54,6 @@ def dropout_free(model: torch.nn.Module) -> bool:
     rates = [getattr(config, k, 0.0) or 0.0 for k in ("attention_dropout", "hidden_dropout")]
     modules = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     return not any(rate > 0 for rate in rates + modules)
-
-
-def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached copy of `model`'s weights, on its device: what every rollout backend loads (a
-    copy, since the learner updates its weights in place while workers still read these)."""
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class Learner:

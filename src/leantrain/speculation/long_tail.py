@@ -19,11 +19,12 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from leantrain.config import SpeculativeConfig
 from leantrain.generation import Completion
-from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.speculative import Drafter, SpeculativeConfig, Speculator
-from leantrain.generation.suffix_drafter import SuffixDrafter
+from leantrain.speculation.drafter import EagleDrafter
+from leantrain.speculation.speculator import BanditSpeculator, Drafter
 from leantrain.speculation.spot_trainer import HiddenBuffer, SpotTrainer, ensure_drafter
+from leantrain.speculation.suffix_drafter import SuffixDrafter
 
 
 class LongTail:
@@ -63,7 +64,7 @@ class LongTail:
                 folder = None if out is None else Path(out) / "drafter"
                 self.trainer = SpotTrainer(self.drafter, self.buffer, out=folder, seed=seed)
                 self.trainer.start()
-        self.speculator = Speculator(
+        self.speculator = BanditSpeculator(
             config, drafters, seed, on_tail=None if self.trainer is None else self.trainer.idle
         )
 

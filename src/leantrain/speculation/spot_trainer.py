@@ -29,11 +29,11 @@ from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.generation import Completion, Engine
-from leantrain.generation.drafter import EagleDrafter, drafter_loss
+from leantrain.generation import Completion, Engine, weights_snapshot
 from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
 from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.speculation.drafter import EagleDrafter, drafter_loss
 from leantrain.tasks import ArithTask
 
 # Bump when the warm-start recipe changes, so stale cached drafters are rebuilt.
@@ -176,15 +176,15 @@ class SpotTrainer:
         return n
 
     def publish(self) -> int:
-        """Copy the trained weights into the live drafter as a new version; returns it."""
-        state = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
-        with self.live.lock:
-            self.live.load_state_dict(state)
+        """Publish the trained weights to the live drafter as a new version, the way the policy
+        reaches its backends (`weights_snapshot` in, `load_weights` out); returns the version."""
+        weights = weights_snapshot(self.student)
         self.version += 1
+        self.live.load_weights(weights, self.version)
         if self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             save_file(
-                {k: v.contiguous().cpu() for k, v in state.items()},
+                {k: v.contiguous().cpu() for k, v in weights.items()},
                 self.out / f"drafter-v{self.version:05d}.safetensors",
                 metadata={"version": str(self.version), "steps": str(self.steps)},
             )

@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from leantrain.config import SpeculativeConfig
 from leantrain.generation import Engine, SamplingParams
-from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
 from leantrain.models import encode_prompt, load_model
 from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.drafter import EagleDrafter
 from leantrain.speculation.long_tail import LongTail
+from leantrain.speculation.speculator import BanditSpeculator
 from leantrain.speculation.spot_trainer import (
     HiddenBuffer,
     SpotTrainer,
@@ -59,7 +60,7 @@ def arith_prompts(tok, n: int, seed: int) -> list[list[int]]:
 
 def accept_len(model, tok, drafter, prompts) -> float:
     config = SpeculativeConfig(enabled=True, threshold=len(prompts), draft_lengths=[4])
-    spec = Speculator(config, {"eagle": drafter})
+    spec = BanditSpeculator(config, {"eagle": drafter})
     engine = Engine(model, tok, max_batch_size=len(prompts), speculator=spec)
     engine.generate(prompts, GREEDY)
     return spec.stats.mean_accept_len
@@ -154,6 +155,24 @@ def test_spot_trainer_thread_trains_only_when_idle_and_saves_versions(tiny, warm
     buffer.add(1, [])
     buffer.add(2, [])
     assert len(buffer) == 0
+
+
+def test_publish_hands_the_live_drafter_a_snapshot_through_load_weights(tiny, warm):
+    # The policy's mechanism: the producer's `weights_snapshot`, the consumer's `load_weights`.
+    model, tok = tiny
+    buffer = HiddenBuffer(keep_steps=1)
+    prompts = arith_prompts(tok, 4, seed=5)
+    buffer.add(0, Engine(model, tok).generate(prompts, GREEDY, return_hidden_states=True))
+    live = bound_copy(warm[0], model)
+    trainer = SpotTrainer(live, buffer)
+    versions = []
+    load = live.load_weights
+    live.load_weights = lambda weights, version: (versions.append(version), load(weights, version))
+    assert trainer.train_steps(3) == 3 and trainer.publish() == 1 and versions == [1]
+    for name, value in trainer.student.state_dict().items():
+        assert torch.equal(live.state_dict()[name], value), name
+    trainer.train_steps(1)  # the student trains on; the published copy stays as it was
+    assert not torch.equal(live.fc.weight, trainer.student.fc.weight)
 
 
 def test_drafter_cache_and_long_tail_metrics(tiny, tiny_path, tmp_path, monkeypatch):

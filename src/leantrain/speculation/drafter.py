@@ -13,7 +13,7 @@ drafter its own predicted features exactly as drafting does, so training matches
 is TLT's: 0.5 x smooth-L1 regression on the next hidden state + 0.5 x cross-entropy against the
 target's next-token distribution, on response tokens only (only they are captured).
 
-Online training (the spot trainer) and the warm-start cache are in speculation/spot_trainer.py.
+Online training (the spot trainer) and the warm-start cache are in spot_trainer.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,12 @@ class EagleDrafter(torch.nn.Module):
         accepted = inspect.signature(self.layer.forward).parameters
         self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
         self.lock = threading.Lock()  # held while drafting and while a new version is loaded
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load a published version of the drafter's own weights (a `weights_snapshot` of the
+        trainer's copy), between drafts; the version is the caller's to track."""
+        with self.lock:
+            self.load_state_dict(dict(weights))
 
     @property
     def target(self) -> PreTrainedModel:
