@@ -38,10 +38,11 @@ from leantrain.generation import Engine, SamplingParams
 from leantrain.memory.kernels import apply_lean_kernels
 from leantrain.memory.lars import apply_lars
 from leantrain.models import encode_prompt, load_model, pick_device
-from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.models.finetune import IGNORE, backward_token_mean, completion_chunks
 from leantrain.tasks import Example, make_task
 from leantrain.tasks.jsonl import field_problems, json_object
 from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.training.logprobs import label_logprobs
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
 Pair = tuple[list[int], list[int]]
@@ -353,16 +354,13 @@ class SFTRun:
                 *self.tokenizer.encode(label, add_special_tokens=False),
                 self.tokenizer.eos_token_id,
             ]
-            rows = [p + completion for p in prompts]
-            width = max(len(r) for r in rows)
+            width = max(len(p) for p in prompts)  # right padding after each completion
             pad = self.tokenizer.pad_token_id
-            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
-            logp = self.model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)
-            total = torch.zeros(len(rows), device=self.device)
-            for i, p in enumerate(prompts):  # logits at t predict token t+1
-                steps = torch.arange(len(p) - 1, len(p) - 1 + len(completion), device=self.device)
-                total[i] = logp[i, steps, torch.tensor(completion, device=self.device)].sum()
-            scores.append(total)
+            ids = torch.tensor([[*p, *completion] + [pad] * (width - len(p)) for p in prompts])
+            targets = torch.tensor(
+                [[IGNORE] * len(p) + completion + [IGNORE] * (width - len(p)) for p in prompts]
+            )
+            scores.append(label_logprobs(self.model, ids, targets)[0])
         best = torch.stack(scores).argmax(0)
         return [labels[int(i)] for i in best]
 

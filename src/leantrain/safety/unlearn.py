@@ -45,6 +45,7 @@ from leantrain.safety.corpus import PrivateFacts
 from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
 from leantrain.safety.training import encode_pairs, save_model
 from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.training.logprobs import label_logprobs
 
 Method = Literal["ga", "graddiff", "npo", "rmu", "rmu_multilayer"]
 METHODS: tuple[str, ...] = ("ga", "graddiff", "npo", "rmu", "rmu_multilayer")
@@ -122,17 +123,6 @@ def token_nll(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor) -
     return model(input_ids=ids, labels=labels, use_cache=False).loss
 
 
-def sequence_logprob(
-    model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
-    """(b,) summed log-probability of each row's labelled tokens given what precedes them."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (b, T-1, V)
-    targets = labels[:, 1:]
-    mask = targets != IGNORE
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1))
-    return (logp.squeeze(-1) * mask).sum(-1)
-
-
 def _stat(value: torch.Tensor | float) -> float:
     return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
 
@@ -150,9 +140,9 @@ def graddiff_loss(model: PreTrainedModel, b: Batch) -> tuple[torch.Tensor, dict[
 
 def npo_loss(model: PreTrainedModel, b: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     beta = b.config.npo_beta
-    logp = sequence_logprob(model, *b.forget)  # (b,)
+    logp, _ = label_logprobs(model, *b.forget)  # (b,) each answer's summed log-probability
     with torch.no_grad():
-        ref_logp = sequence_logprob(b.reference, *b.forget)
+        ref_logp, _ = label_logprobs(b.reference, *b.forget)
     forget = -(2 / beta) * F.logsigmoid(-beta * (logp - ref_logp)).mean()
     retain = token_nll(model, *b.retain)
     loss = forget + b.config.retain_weight * retain
