@@ -41,8 +41,9 @@ from leantrain.models import encode_prompt, load_model, pick_device
 from leantrain.models.finetune import IGNORE, backward_token_mean, completion_chunks
 from leantrain.tasks import Example, make_task
 from leantrain.tasks.jsonl import field_problems, json_object
-from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.telemetry import plot_metrics
 from leantrain.training.logprobs import label_logprobs
+from leantrain.training.run_folder import RunFolder
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
 Pair = tuple[list[int], list[int]]
@@ -253,11 +254,8 @@ class SFTRun:
                 )
 
     def _setup_outputs(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = JsonlSink(self.out / "metrics.jsonl")
-        if self.metrics.path.exists():
-            raise LeantrainError(f"run folder {self.out} already holds a run; choose another --out")
-        self.completions = JsonlSink(self.out / "completions.jsonl")
+        folder = RunFolder.open(self.out)
+        self.metrics, self.completions = folder.metrics, folder.completions
 
     def _encode(self, prompt: str, completion: str) -> Pair:
         ids = self.tokenizer.encode(completion, add_special_tokens=False)
