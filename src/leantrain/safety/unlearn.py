@@ -34,7 +34,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from rich.progress import Progress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.config import Strict
@@ -46,6 +45,7 @@ from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
 from leantrain.safety.training import encode_pairs, save_model
 from leantrain.telemetry import JsonlSink, plot_metrics
 from leantrain.training.logprobs import label_logprobs
+from leantrain.training.sft import SFTLoop
 
 Method = Literal["ga", "graddiff", "npo", "rmu", "rmu_multilayer"]
 METHODS: tuple[str, ...] = ("ga", "graddiff", "npo", "rmu", "rmu_multilayer")
@@ -249,32 +249,25 @@ def unlearn(
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     rng = random.Random(config.seed)
     targets = _rmu_targets(reference, completion_chunks(forget, pad)[0], config)
-    params = trained_parameters(model, config)
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     loss_fn = LOSSES[config.method]
-    history = []
-    model.train()
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task(f"unlearning ({config.method})", total=config.steps)
-        for step in range(config.steps):
-            batch = Batch(
-                forget=completion_chunks(_draw(rng, forget, config.batch_size), pad)[0],
-                retain=completion_chunks(_draw(rng, retain, config.batch_size), pad)[0],
-                reference=reference,
-                config=config,
-                rmu_targets=targets,
-            )
-            loss, stats = loss_fn(model, batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            history.append({"step": step + 1, "loss": _stat(loss), **stats})
-            bar.update(
-                job, advance=1, description=f"unlearning ({config.method}) {_stat(loss):.3f}"
-            )
-    model.eval()
-    return history
+
+    def backward() -> tuple[float, dict[str, float]]:
+        batch = Batch(
+            forget=completion_chunks(_draw(rng, forget, config.batch_size), pad)[0],
+            retain=completion_chunks(_draw(rng, retain, config.batch_size), pad)[0],
+            reference=reference,
+            config=config,
+            rmu_targets=targets,
+        )
+        loss, stats = loss_fn(model, batch)
+        loss.backward()
+        return _stat(loss), stats
+
+    loop = SFTLoop(model, config.lr, params=trained_parameters(model, config))
+    history = loop.run(
+        backward, config.steps, label=f"unlearning ({config.method})", progress=progress
+    )
+    return [{"step": s.step, "loss": s.loss, **s.extra} for s in history]
 
 
 def _draw(rng: random.Random, pairs: list, k: int) -> list:
