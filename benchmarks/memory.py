@@ -110,8 +110,8 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
 
             def step(ids: torch.Tensor = ids) -> None:
                 backward_token_mean(run.model, [(ids, ids)])
-                run.optimizer.step()
-                run.optimizer.zero_grad(set_to_none=True)
+                run.loop.optimizer.step()
+                run.loop.optimizer.zero_grad(set_to_none=True)
 
             if n == lens[0]:  # also the first-touch step: optimizer state, buffers
                 config = run.model.config

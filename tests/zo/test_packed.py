@@ -11,9 +11,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
-from leantrain.generation.scoring import label_logprobs
 from leantrain.models import load_model
 from leantrain.tasks import make_task
+from leantrain.training.logprobs import label_logprobs
 from leantrain.zo.data import Pair, example_pairs, pad_pairs
 from leantrain.zo.engine import ZOEngine
 from leantrain.zo.estimators import SPSA

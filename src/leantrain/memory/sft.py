@@ -3,9 +3,10 @@
 
 One step: draw `batch_size` (prompt, completion) pairs from the built-in task's worked solutions
 or the user's JSONL, batch them into right-padded chunks (`models.finetune.completion_chunks`),
-run one token-weighted backward over them, clip, and take an AdamW step. Accuracy on held-out
-prompts (greedy decoding, scored by the task, or exact match for JSONL rows) is measured before
-and after. The run folder gets metrics.jsonl, metrics.png, summary.json and completions.jsonl.
+run one token-weighted backward over them, clip, and take an AdamW step (`training.sft`, the
+shared loop). Accuracy on held-out prompts (greedy decoding, scored by the task, or exact match
+for JSONL rows) is measured before and after. The run folder gets metrics.jsonl, metrics.png,
+summary.json and completions.jsonl.
 
     from leantrain.memory.sft import SFTRun, TuneConfig
     summary = SFTRun(TuneConfig(method="lars", steps=100)).run()
@@ -29,7 +30,6 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.config import ModelConfig, Strict
@@ -38,10 +38,13 @@ from leantrain.generation import Engine, SamplingParams
 from leantrain.memory.kernels import apply_lean_kernels
 from leantrain.memory.lars import apply_lars
 from leantrain.models import encode_prompt, load_model, pick_device
-from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.models.finetune import IGNORE, backward_token_mean, completion_chunks
 from leantrain.tasks import Example, make_task
 from leantrain.tasks.jsonl import field_problems, json_object
-from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.telemetry import plot_metrics
+from leantrain.training.logprobs import label_logprobs
+from leantrain.training.run_folder import RunFolder
+from leantrain.training.sft import SFTLoop, StepStats
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
 Pair = tuple[list[int], list[int]]
@@ -170,8 +173,8 @@ def load_pairs_jsonl(path: Path) -> list[dict[str, str]]:
 
 
 class SFTRun:
-    """An SFT run: set up in the constructor, then `run()`. `train_step` and `evaluate` are
-    public so tests and benchmarks can drive a run step by step.
+    """An SFT run: set up in the constructor, then `run()`. `evaluate` and `loop` (the shared
+    SFT loop, `training.sft`: its optimizer and step) are public for tests and benchmarks.
 
     Setup order: model, then method (LoRA wraps the model, LARS replaces layers inside it), then
     optimizer over what is left trainable, then data, then outputs.
@@ -228,9 +231,9 @@ class SFTRun:
             apply_lean_kernels(self.model)
 
     def _setup_optimizer(self) -> None:
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trainable, lr=self.config.lr, weight_decay=0.0)
-        self.step = 0
+        cfg = self.config
+        self.loop = SFTLoop(self.model, self.lr_at, max_grad_norm=cfg.max_grad_norm)
+        self.trainable = self.loop.params
 
     def _setup_data(self) -> None:
         cfg = self.config
@@ -252,11 +255,8 @@ class SFTRun:
                 )
 
     def _setup_outputs(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = JsonlSink(self.out / "metrics.jsonl")
-        if self.metrics.path.exists():
-            raise LeantrainError(f"run folder {self.out} already holds a run; choose another --out")
-        self.completions = JsonlSink(self.out / "completions.jsonl")
+        folder = RunFolder.open(self.out)
+        self.metrics, self.completions = folder.metrics, folder.completions
 
     def _encode(self, prompt: str, completion: str) -> Pair:
         ids = self.tokenizer.encode(completion, add_special_tokens=False)
@@ -279,30 +279,19 @@ class SFTRun:
         frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
         return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    def train_step(self, pairs: list[Pair] | None = None) -> dict[str, float]:
-        """One optimizer step on `pairs` (default: the next batch); returns its stats."""
-        start = time.perf_counter()
-        pairs = self._batch() if pairs is None else pairs
-        chunks = completion_chunks(pairs, self.tokenizer.pad_token_id, self.config.chunks)
-        lr = self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.model.train()
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self.loop.steps
+
+    def _backward(self) -> tuple[float, dict[str, float]]:
+        """The next batch's token-weighted backward (through the hooks); its loss and size."""
+        chunks = completion_chunks(self._batch(), self.tokenizer.pad_token_id, self.config.chunks)
         loss = self.hooks.backward(self.model, chunks)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.model.eval()
-        self.step += 1
-        tokens = sum(int(ids.numel()) for ids, _ in chunks)
-        return {
-            "step": self.step,
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "tokens": tokens,
-            "step_s": round(time.perf_counter() - start, 4),
-        }
+        return loss, {"tokens": sum(int(ids.numel()) for ids, _ in chunks)}
+
+    def _log_step(self, stats: StepStats) -> None:
+        self.metrics.write(stats.record())
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, keep: int = 0) -> tuple[float, list[dict[str, Any]]]:
@@ -353,16 +342,13 @@ class SFTRun:
                 *self.tokenizer.encode(label, add_special_tokens=False),
                 self.tokenizer.eos_token_id,
             ]
-            rows = [p + completion for p in prompts]
-            width = max(len(r) for r in rows)
+            width = max(len(p) for p in prompts)  # right padding after each completion
             pad = self.tokenizer.pad_token_id
-            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
-            logp = self.model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1)
-            total = torch.zeros(len(rows), device=self.device)
-            for i, p in enumerate(prompts):  # logits at t predict token t+1
-                steps = torch.arange(len(p) - 1, len(p) - 1 + len(completion), device=self.device)
-                total[i] = logp[i, steps, torch.tensor(completion, device=self.device)].sum()
-            scores.append(total)
+            ids = torch.tensor([[*p, *completion] + [pad] * (width - len(p)) for p in prompts])
+            targets = torch.tensor(
+                [[IGNORE] * len(p) + completion + [IGNORE] * (width - len(p)) for p in prompts]
+            )
+            scores.append(label_logprobs(self.model, ids, targets)[0])
         best = torch.stack(scores).argmax(0)
         return [labels[int(i)] for i in best]
 
@@ -372,19 +358,14 @@ class SFTRun:
         cfg = self.config
         before = self.evaluate()[0] if self.hooks.is_main else float("nan")
         start = time.perf_counter()
-        with Progress(
-            *Progress.get_default_columns()[:1],
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            disable=not (self.progress and self.hooks.is_main),
-        ) as bar:
-            job = bar.add_task(f"tune ({cfg.method})", total=cfg.steps)
-            while self.step < cfg.steps:
-                record = self.train_step()
-                if self.hooks.is_main:
-                    self.metrics.write(record)
-                bar.update(job, advance=1, description=f"tune loss {record['loss']:.3f}")
+        self.loop.run(
+            self._backward,
+            cfg.steps,
+            label=f"tune ({cfg.method})",
+            progress=self.progress and self.hooks.is_main,
+            transient=False,
+            on_step=self._log_step if self.hooks.is_main else None,
+        )
         seconds = time.perf_counter() - start
         summary: dict[str, Any] = {
             "steps": self.step,

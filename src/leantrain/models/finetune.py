@@ -1,7 +1,7 @@
 """Supervised fine-tuning primitives shared by every area that fine-tunes: batching prompt and
 completion token ids into right-padded chunks with labels, and one token-weighted backward pass
-over a batch split into chunks. The loops around them (optimizer, schedule, LoRA, LARS, logging)
-belong to the caller."""
+over a batch split into chunks. The loop around them is `training.sft.SFTLoop`; LoRA, LARS and
+logging belong to the caller."""
 
 from __future__ import annotations
 

@@ -43,7 +43,6 @@ from leantrain.errors import LeantrainError
 from leantrain.generation import SamplingParams
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
-from leantrain.rl.checkpoint import list_checkpoints
 from leantrain.rl.learner import Learner
 from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.packing import token_metrics
@@ -58,7 +57,8 @@ from leantrain.rl.vision_report import VisionReport
 from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task, make_task
 from leantrain.tasks.rewards import score_safely
-from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.telemetry import plot_metrics
+from leantrain.training.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
@@ -166,23 +166,15 @@ class GRPORun:
         return self.learner.version
 
     def _setup_outputs(self, resume: bool) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = JsonlSink(self.out / "metrics.jsonl")
-        self.completions = JsonlSink(self.out / "completions.jsonl")
-        self.ckpt_root = self.out / "checkpoints"
-        ckpts = list_checkpoints(self.ckpt_root)
+        folder = RunFolder.open(self.out, resume=resume, resumable=True)
+        self.metrics, self.completions = folder.metrics, folder.completions
+        self.ckpt_root = folder.checkpoints
         if resume:
-            if ckpts:
-                self.accuracy_before = self.learner.load(ckpts[-1]).get("accuracy_before")
-                log.info("resumed from %s (step %d)", ckpts[-1], self.step)
-            # Steps after the checkpoint were lost with the crash; they will be run again.
-            self.metrics.truncate_after(self.step)
-            self.completions.truncate_after(self.step)
-        elif ckpts or self.metrics.path.exists():
-            raise LeantrainError(
-                f"run folder {self.out} already holds a run; "
-                "pass --resume to continue it or choose another --out"
-            )
+            last = folder.last_checkpoint()
+            if last is not None:
+                self.accuracy_before = self.learner.load(last).get("accuracy_before")
+                log.info("resumed from %s (step %d)", last, self.step)
+            folder.truncate_after(self.step)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:

@@ -24,12 +24,12 @@ import torch
 from leantrain.config import RLConfig
 from leantrain.generation.backend import weights_snapshot
 from leantrain.rl.advantages import group_advantages
-from leantrain.rl.checkpoint import load_checkpoint, save_checkpoint
 from leantrain.rl.losses import policy_loss
 from leantrain.rl.off_policy import correction_inputs
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs
 from leantrain.rl.rollout import compute_autocast
 from leantrain.rl.trajectory import Trajectory
+from leantrain.training.checkpoint import load_checkpoint, save_checkpoint
 
 log = logging.getLogger(__name__)
 

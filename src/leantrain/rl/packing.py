@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from leantrain.rl.losses import LossContext
 from leantrain.rl.trajectory import Trajectory
+from leantrain.training.logprobs import token_logprobs
 
 # Finish reasons of a response cut off before it was done: a turn's max_new_tokens ("length"),
 # an episode's token budget or turn limit. `mask_truncated` drops these from the loss.
@@ -142,7 +143,8 @@ def packed_logprobs(
     batch: PackedBatch,  # on the model's device
     temperature: float = 1.0,
 ) -> Tensor:  # (R,) float32, with grad through the model
-    """log softmax(logits / temperature) at each response token, from one forward over the row.
+    """log softmax(logits / temperature) at each response token (`training.logprobs`), from one
+    forward over the row.
 
     Logits are computed only at `batch.logit_positions` (transformers' `logits_to_keep` with an
     index tensor slices the hidden states before the LM head), so the (T, vocab) logits of the
@@ -156,8 +158,6 @@ def packed_logprobs(
     sequences attend to earlier ones. A hand-built 4-D boolean mask would be no better: sdpa
     accepts it, but eager adds it to the scores as 0/1 and silently mixes the sequences.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values}
     out = model(
         input_ids=batch.input_ids,
@@ -166,9 +166,7 @@ def packed_logprobs(
         logits_to_keep=batch.logit_positions,
         **images,
     )
-    logits = out.logits[0].float() / temperature  # (R, vocab); float32 for a stable logsumexp
-    # log_softmax gathered at the targets, without a second (R, vocab) tensor.
-    return logits.gather(-1, batch.targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    return token_logprobs(out.logits[0], batch.targets, temperature)  # logits (R, vocab)
 
 
 def micro_batches(trajectories: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
@@ -267,8 +265,6 @@ def padded_logprobs(
     right-padded, one (S, P_max + R_max) forward with an attention mask, logits kept for the
     response columns only. The same numbers as packing, at the cost of the padded slots.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     p_max = max(len(t.prompt_ids) for t in trajectories)
     r_max = max(len(t.response_ids) for t in trajectories)
     rows, masks = [], []
@@ -288,8 +284,7 @@ def padded_logprobs(
         use_cache=False,
         logits_to_keep=r_max + 1,
     )
-    logits = out.logits[:, :-1].float() / temperature  # (S, R_max, vocab): predict responses
-    targets = input_ids[:, p_max:]  # (S, R_max)
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
+    # Logits (S, R_max, vocab) predict the response columns (S, R_max).
+    logp = token_logprobs(out.logits[:, :-1], input_ids[:, p_max:], temperature)
     real = attention_mask[:, p_max:].bool()  # row-major, so the order matches pack()'s targets
     return logp[real]

@@ -32,10 +32,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.models.finetune import IGNORE
 from leantrain.safety.corpus import CITIES, Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import encode_pairs, greedy_answers, padded_in_order, sft
-from leantrain.safety.unlearn import sequence_logprob
+from leantrain.training.logprobs import label_logprobs
 
 MAX_ANSWER_TOKENS = 32  # the longest e-mail address is 28 bytes
 
@@ -142,8 +141,8 @@ def truth_ratios(
             raise ValueError(f"only {len(values)} wrong {fact.attribute} values, need {n_wrong}")
         texts += [(fact.prompt, f"{a}\n") for a in [fact.answer, *rng.sample(values, n_wrong)]]
     ids, labels = padded_in_order(encode_pairs(tokenizer, texts), tokenizer.pad_token_id)
-    lengths = (labels[:, 1:] != IGNORE).sum(-1)
-    per_token = (sequence_logprob(model, ids, labels) / lengths).exp().view(len(facts), -1)
+    logp, lengths = label_logprobs(model, ids, labels)
+    per_token = (logp / lengths).exp().view(len(facts), -1)
     return (per_token[:, 1:].mean(-1) / per_token[:, 0]).numpy()
 
 

@@ -7,18 +7,19 @@ Knows nothing about privacy or sandbagging: it sees text pairs and prompts.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
-from rich.progress import Progress
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
 from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.training.sft import SFTLoop
 
 
 def encode_pairs(
@@ -73,29 +74,29 @@ def sft(
         raise LeantrainError(f"{label}: need steps >= 0, lr > 0, batch_size >= 1")
     encoded = encode_pairs(tokenizer, pairs, eos=eos)
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    # Built only when used: it sets the learning rate to its warm-up start at once.
-    decay = (
-        get_cosine_schedule_with_warmup(opt, max(1, steps // 20), steps)
-        if schedule == "cosine"
-        else None
-    )
-    losses = []
-    model.train()
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task(label, total=steps)
-        for _ in range(steps):
-            batch = rng.sample(encoded, min(batch_size, len(encoded)))
-            loss = backward_token_mean(model, completion_chunks(batch, tokenizer.pad_token_id))
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if decay is not None:
-                decay.step()
-            losses.append(loss)
-            bar.update(job, advance=1, description=f"{label}, loss {loss:.3f}")
-    model.eval()
-    return losses
+
+    def backward() -> float:
+        batch = rng.sample(encoded, min(batch_size, len(encoded)))
+        return backward_token_mean(model, completion_chunks(batch, tokenizer.pad_token_id))
+
+    rate = lr if schedule == "constant" else cosine_to_zero(lr, steps)
+    history = SFTLoop(model, rate).run(backward, steps, label=label, progress=progress)
+    return [stats.loss for stats in history]
+
+
+def cosine_to_zero(lr: float, steps: int) -> Callable[[int], float]:
+    """The rate of each step: a linear warm-up from 0 over the first 5% of `steps`, then cosine
+    decay to 0 at `steps`. Transformers' `get_cosine_schedule_with_warmup`, factor for factor
+    (the memorised models are built with it: their cached weights depend on every rounding)."""
+    warmup = max(1, steps // 20)
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return lr * (step / warmup)
+        progress = (step - warmup) / max(1, steps - warmup)
+        return lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+    return rate
 
 
 def greedy_answers(

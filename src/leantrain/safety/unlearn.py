@@ -34,7 +34,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from rich.progress import Progress
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.config import Strict
@@ -45,6 +44,8 @@ from leantrain.safety.corpus import PrivateFacts
 from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
 from leantrain.safety.training import encode_pairs, save_model
 from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.training.logprobs import label_logprobs
+from leantrain.training.sft import SFTLoop
 
 Method = Literal["ga", "graddiff", "npo", "rmu", "rmu_multilayer"]
 METHODS: tuple[str, ...] = ("ga", "graddiff", "npo", "rmu", "rmu_multilayer")
@@ -122,17 +123,6 @@ def token_nll(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor) -
     return model(input_ids=ids, labels=labels, use_cache=False).loss
 
 
-def sequence_logprob(
-    model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
-    """(b,) summed log-probability of each row's labelled tokens given what precedes them."""
-    logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()  # (b, T-1, V)
-    targets = labels[:, 1:]
-    mask = targets != IGNORE
-    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1))
-    return (logp.squeeze(-1) * mask).sum(-1)
-
-
 def _stat(value: torch.Tensor | float) -> float:
     return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
 
@@ -150,9 +140,9 @@ def graddiff_loss(model: PreTrainedModel, b: Batch) -> tuple[torch.Tensor, dict[
 
 def npo_loss(model: PreTrainedModel, b: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     beta = b.config.npo_beta
-    logp = sequence_logprob(model, *b.forget)  # (b,)
+    logp, _ = label_logprobs(model, *b.forget)  # (b,) each answer's summed log-probability
     with torch.no_grad():
-        ref_logp = sequence_logprob(b.reference, *b.forget)
+        ref_logp, _ = label_logprobs(b.reference, *b.forget)
     forget = -(2 / beta) * F.logsigmoid(-beta * (logp - ref_logp)).mean()
     retain = token_nll(model, *b.retain)
     loss = forget + b.config.retain_weight * retain
@@ -259,32 +249,25 @@ def unlearn(
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     rng = random.Random(config.seed)
     targets = _rmu_targets(reference, completion_chunks(forget, pad)[0], config)
-    params = trained_parameters(model, config)
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     loss_fn = LOSSES[config.method]
-    history = []
-    model.train()
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task(f"unlearning ({config.method})", total=config.steps)
-        for step in range(config.steps):
-            batch = Batch(
-                forget=completion_chunks(_draw(rng, forget, config.batch_size), pad)[0],
-                retain=completion_chunks(_draw(rng, retain, config.batch_size), pad)[0],
-                reference=reference,
-                config=config,
-                rmu_targets=targets,
-            )
-            loss, stats = loss_fn(model, batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            history.append({"step": step + 1, "loss": _stat(loss), **stats})
-            bar.update(
-                job, advance=1, description=f"unlearning ({config.method}) {_stat(loss):.3f}"
-            )
-    model.eval()
-    return history
+
+    def backward() -> tuple[float, dict[str, float]]:
+        batch = Batch(
+            forget=completion_chunks(_draw(rng, forget, config.batch_size), pad)[0],
+            retain=completion_chunks(_draw(rng, retain, config.batch_size), pad)[0],
+            reference=reference,
+            config=config,
+            rmu_targets=targets,
+        )
+        loss, stats = loss_fn(model, batch)
+        loss.backward()
+        return _stat(loss), stats
+
+    loop = SFTLoop(model, config.lr, params=trained_parameters(model, config))
+    history = loop.run(
+        backward, config.steps, label=f"unlearning ({config.method})", progress=progress
+    )
+    return [{"step": s.step, "loss": s.loss, **s.extra} for s in history]
 
 
 def _draw(rng: random.Random, pairs: list, k: int) -> list:

@@ -6,7 +6,8 @@ whenever it is told the hardware is idle (the engine is in the long tail, or the
 for the policy update), so it never blocks a rollout; every `publish_every` steps it copies the
 weights into the live drafter the engine drafts with, as a numbered version, saved with the run.
 Drafting with a stale or half-trained drafter costs only acceptance, never correctness:
-verification is lossless whatever the drafter proposes.
+verification is lossless whatever the drafter proposes. Its optimizer steps are the shared SFT
+loop's (`training.sft.SFTLoop`), one at a time online and a whole run in the warm start.
 
 `ensure_drafter` warm-starts a drafter once per model (on the target's own `arith` rollouts) and
 caches it under $LEANTRAIN_HOME/drafters, like the tiny model: a file lock, a staging folder
@@ -22,19 +23,21 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
-from rich.progress import Progress
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, weights_snapshot
 from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
 from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.speculation.drafter import EagleDrafter, drafter_loss
 from leantrain.tasks import ArithTask
+from leantrain.training.sft import SFTLoop
 
 # Bump when the warm-start recipe changes, so stale cached drafters are rebuilt.
 DRAFTER_RECIPE_VERSION = 2
@@ -142,14 +145,18 @@ class SpotTrainer:
         # The student trains in fp32 whatever dtype the live drafter drafts in.
         self.student = EagleDrafter(drafter.target, drafter.vocab, dtype=torch.float32)
         self.student.load_state_dict(drafter.state_dict())
-        self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=recipe.lr)
+        self.loop = SFTLoop(self.student, recipe.lr, weight_decay=0.01)
         self.rng = random.Random(seed)
         self.version = 0
-        self.steps = 0
         self.losses: deque[float] = deque(maxlen=50)
         self._idle = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps taken."""
+        return self.loop.steps
 
     @property
     def mean_loss(self) -> float | None:
@@ -163,17 +170,17 @@ class SpotTrainer:
             chains = self.buffer.chains(r.batch, r.chain, self.rng)
             if chains is None:
                 return done
-            self.student.train()
-            loss, _ = drafter_loss(self.student, chains.features, chains.tokens, chains.targets)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.losses.append(float(loss.detach()))
-            self.steps += 1
+            self.losses.append(self.loop.step(partial(self.chain_loss, chains)).loss)
             if self.steps % r.publish_every == 0:
                 self.publish()
         return n
+
+    def chain_loss(self, chains: Chains) -> float:
+        """Backpropagate the drafter loss on `chains` into the student; returns the loss."""
+        self.student.train()
+        loss, _ = drafter_loss(self.student, chains.features, chains.tokens, chains.targets)
+        loss.backward()
+        return float(loss.detach())
 
     def publish(self) -> int:
         """Publish the trained weights to the live drafter as a new version, the way the policy
@@ -276,17 +283,21 @@ def warm_start(
     buffer = HiddenBuffer(keep_steps=1, max_samples=recipe.prompts)
     buffer.add(0, completions)
     trainer = SpotTrainer(drafter, buffer, training, seed=recipe.seed)
-    losses = []
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("warm-starting the drafter (one-off)", total=recipe.steps)
-        for _ in range(recipe.steps):
-            trainer.train_steps(1)
-            losses.append(trainer.losses[-1])
-            bar.update(
-                job, advance=1, description=f"warm-starting the drafter, loss {losses[-1]:.3f}"
+
+    def backward() -> float:
+        chains = buffer.chains(training.batch, training.chain, trainer.rng)
+        if chains is None:
+            raise LeantrainError(
+                f"drafter warm start: no rollout response has the {training.chain + 1} tokens a "
+                "training chain needs (raise max_new_tokens)"
             )
+        return trainer.chain_loss(chains)
+
+    history = trainer.loop.run(
+        backward, recipe.steps, label="warm-starting the drafter (one-off)", progress=progress
+    )
     trainer.publish()
-    return drafter, losses
+    return drafter, [stats.loss for stats in history]
 
 
 def drafter_dir(model: str | Path, recipe: WarmStart = WarmStart()) -> Path:

@@ -1,7 +1,7 @@
 """Zeroth-order fine-tuning (MeZO family) run as an inference workload: SPSA, n-SPSA and
 one-sided estimators, sparse perturbations, LoRA or all-parameter targets, directions regenerated
 from seeds, and every perturbed state scored as an inference engine scores a batch (`packed`:
-each distinct prefix once; `generation.scoring` for models it does not cover);
+each distinct prefix once; `training.logprobs` for models it does not cover);
 `reference.MeZOReference` is the baseline it is measured against."""
 
 from leantrain.zo.data import Pair, label_accuracy, mean_loss, read_pairs

@@ -20,11 +20,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
-from leantrain.generation.scoring import label_logprobs
 from leantrain.models import encode_prompt
 from leantrain.models.finetune import IGNORE
 from leantrain.tasks import Example
 from leantrain.tasks.jsonl import json_object
+from leantrain.training.logprobs import label_logprobs
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ step where it fits the buffer). Scoring is what an inference engine does with a 
 again and again: on Llama models (`packed.LeanLlama`) the batch is packed into the tree of its
 distinct prefixes, so a prefix that rows share (a prompt template, a repeated context) is computed
 once, with no padding, and the last layer and lm_head run only where a token is scored. Other
-models go through the batched forward of `generation.scoring` (lm_head only where labels are, no
+models go through the batched forward of `training.logprobs` (lm_head only where labels are, no
 attention mask) in length-sorted micro-batches of at most `forward_tokens` padded tokens (on a
 CPU a forward that spills out of cache costs more per token, and sorting cuts padding). With
 LoRA targets, all perturbed states of a step are snapshots of the small adapter and are scored
@@ -30,7 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from leantrain.errors import LeantrainError
-from leantrain.generation.scoring import label_logprobs
+from leantrain.training.logprobs import label_logprobs
 from leantrain.zo.data import Pair, pad_pairs
 from leantrain.zo.directions import Directions, SeedStream, small_magnitude_masks
 from leantrain.zo.estimators import SPSA, OneSided, Plan

@@ -9,7 +9,7 @@ depends on (a row's last token predicts nothing). `LeanLlama` runs the decoder o
 every linear layer, norm and MLP once per node; attention per row, over the row's path of nodes
 (gathered, then SDPA with `is_causal`), its output taken back at one place each node occurs. In
 the last layer only the positions that predict a scored token ask in attention and go on past
-it, and the lm_head runs only there.
+it, and the lm_head runs only there, once per scored token.
 
 Several adapter states (perturbed LoRA factors, `stacks`) run together: a leading state axis S on
 the activations, the frozen base's matmuls shared where the input is (the embeddings and the first
@@ -35,6 +35,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaForCausalLM, rotate_half
 
 from leantrain.errors import LeantrainError
+from leantrain.training.logprobs import token_logprobs
 from leantrain.zo.data import Pair
 from leantrain.zo.lora import ADAPTER
 
@@ -69,7 +70,7 @@ class PrefixTree:
     @classmethod
     def build(cls, pairs: Sequence[Pair], device: torch.device | str = "cpu") -> PrefixTree:
         """Pack `pairs`: the loss is on each completion token, predicted from the token before it
-        (position 0 is never scored, as in `generation.scoring.label_logprobs`)."""
+        (position 0 is never scored, as in `training.logprobs.label_logprobs`)."""
         index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node; parent -1 = root
         tokens: list[int] = []
         positions: list[int] = []
@@ -257,9 +258,9 @@ class LeanLlama:
             x = layer["norm2"](h)
             gated = layer["act"](layer["gate_proj"](x, stacks)) * layer["up_proj"](x, stacks)
             h = h + layer["down_proj"](gated, stacks)
-        logits = self.model.lm_head(llama.norm(h))  # (S, M, V)
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        return logp[:, tree.picks, tree.targets].sum(-1)
+        # One row per scored token (a predictor can predict several): (S, K, d), then (S, K, V).
+        logits = self.model.lm_head(llama.norm(h).index_select(1, tree.picks))
+        return token_logprobs(logits, tree.targets.expand(len(logits), -1)).sum(-1)
 
     def _rotate(
         self, x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor

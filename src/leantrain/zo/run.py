@@ -25,7 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model, pick_device
 from leantrain.tasks import Example, make_task
-from leantrain.telemetry import JsonlSink, plot_metrics
+from leantrain.telemetry import plot_metrics
+from leantrain.training.run_folder import RunFolder
 from leantrain.zo.config import ZOConfig
 from leantrain.zo.data import (
     Pair,
@@ -118,10 +119,7 @@ class ZORun:
             )
 
     def _setup_outputs(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.metrics = JsonlSink(self.out / "metrics.jsonl")
-        if self.metrics.path.exists():
-            raise LeantrainError(f"run folder {self.out} already holds a run; choose another --out")
+        self.metrics = RunFolder.open(self.out).metrics
 
     # ------------------------------------------------------------------ steps
     def step(self, index: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
 from leantrain.tasks import ArithTask, Task
+from leantrain.training.sft import SFTLoop
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
 TINY_RECIPE_VERSION = 5
@@ -78,36 +79,31 @@ def _sft_chunks(
 
 def build_tiny(out: Path, recipe: WarmStartRecipe, *, progress: bool = True) -> dict:
     """Train the tiny model from scratch on worked solutions and save it to `out`."""
-    from rich.progress import Progress
-
     start = time.perf_counter()
     torch.manual_seed(recipe.seed)
     tokenizer = build_byte_tokenizer()
     model = LlamaForCausalLM(tiny_config(tokenizer))
     task = ArithTask(max_items=recipe.max_items)
     rng = random.Random(recipe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     warmup = max(1, recipe.steps // 20)
 
     def lr_at(step: int) -> float:
+        """Linear warm-up, then cosine decay to 10% of the peak (as a fraction of it)."""
         if step < warmup:
             return (step + 1) / warmup
         frac = (step - warmup) / max(1, recipe.steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    model.train()
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("building the tiny model (one-off)", total=recipe.steps)
-        for _ in range(recipe.steps):
-            chunks = _sft_chunks(task, tokenizer, rng, recipe.batch_size, recipe.chunks)
-            loss_sum = backward_token_mean(model, chunks)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            bar.update(job, advance=1, description=f"building the tiny model, loss {loss_sum:.3f}")
-    model.eval()
+    loop = SFTLoop(model, lambda step: recipe.lr * lr_at(step), weight_decay=0.01)
+    history = loop.run(
+        lambda: backward_token_mean(
+            model, _sft_chunks(task, tokenizer, rng, recipe.batch_size, recipe.chunks)
+        ),
+        recipe.steps,
+        label="building the tiny model (one-off)",
+        progress=progress,
+    )
+    loss_sum = history[-1].loss
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

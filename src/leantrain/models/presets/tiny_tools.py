@@ -28,6 +28,7 @@ from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.presets.tiny import ensure_tiny, tiny_dir
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
+from leantrain.training.sft import SFTLoop
 
 # Bump when the recipe below changes, so stale caches are rebuilt instead of reused.
 TINY_TOOLS_RECIPE_VERSION = 1
@@ -127,27 +128,19 @@ def build_tiny_tools(
     base: Path, out: Path, recipe: ToolWarmStartRecipe, *, progress: bool = True
 ) -> dict:
     """Fine-tune the model in `base` on worked tool episodes and save it to `out`."""
-    from rich.progress import Progress
-
     start = time.perf_counter()
     torch.manual_seed(recipe.seed)
     model = LlamaForCausalLM.from_pretrained(base)
     tokenizer = AutoTokenizer.from_pretrained(base)
     task = recipe.task()
     rng = random.Random(recipe.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
-    model.train()
-    loss_sum = float("nan")
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("building the tiny-tools model (one-off)", total=recipe.steps)
-        for _ in range(recipe.steps):
-            chunks = _sft_chunks(task, tokenizer, rng, recipe)
-            loss_sum = backward_token_mean(model, chunks)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            bar.update(job, advance=1, description=f"building tiny-tools, loss {loss_sum:.3f}")
-    model.eval()
+    history = SFTLoop(model, recipe.lr, weight_decay=0.01).run(
+        lambda: backward_token_mean(model, _sft_chunks(task, tokenizer, rng, recipe)),
+        recipe.steps,
+        label="building the tiny-tools model (one-off)",
+        progress=progress,
+    )
+    loss_sum = history[-1].loss if history else float("nan")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -79,6 +79,7 @@ from leantrain.tasks.visual import (
     tinted_paper_and_ink,
     transcript,
 )
+from leantrain.training.sft import SFTLoop
 
 _CELL_CHARS = GLYPHS + " "  # what a cell can hold: a glyph or nothing
 _PROBE_SEED = 555  # validation images, never the benchmark's test seed (777)
@@ -436,9 +437,7 @@ def _worked_rows(task: VisualTask, examples: list[Example]) -> list:
 def build_tiny_vl(
     base: Path, out: Path, recipe: VisionWarmStartRecipe, *, progress: bool = True
 ) -> dict:
-    """Build `tiny-vl` around the LM in `base` (two warm-start stages) and save it to `out`."""
-    from rich.progress import Progress
-
+    """Build `tiny-vl` around the LM in `base` (three warm-start stages) and save it to `out`."""
     start = time.process_time()
     model, processor = tiny_vl_model(base, recipe)
     rng = random.Random(recipe.seed)
@@ -473,64 +472,60 @@ def build_tiny_vl(
     validation_rows = [row for rows in validation.values() for row in rows]
     validation_pages = _reading_rows(random.Random(_PROBE_SEED), _READ_CHECK_PAGES)
     losses: dict[str, float] = {}
-    with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task(
-            "building tiny-vl (one-off)",
-            total=recipe.glyph_steps + recipe.reading_steps + recipe.task_steps,
-        )
 
-        def train(stage: str, modules: list, lr: float, steps: int, batch_loss, stop=None) -> int:
-            """`steps` AdamW steps on `modules`, or fewer once `stop()` (checked every
-            `stop_check_every` steps) says so; returns the steps taken."""
-            model.requires_grad_(False)
-            for module in modules:
-                module.requires_grad_(True)
-            params = [p for p in model.parameters() if p.requires_grad]  # lm_head is tied
-            opt = torch.optim.AdamW(params, lr=lr)
-            model.train()
-            for step in range(1, steps + 1):
-                loss = batch_loss()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses[stage] = float(loss.detach())
-                bar.update(
-                    job, advance=1, description=f"building tiny-vl: {stage} {losses[stage]:.3f}"
-                )
-                if stop is not None and step % recipe.stop_check_every == 0 and stop():
-                    break
-            model.eval()
-            return step
+    def train(stage: str, modules: list, lr: float, steps: int, batch_loss, stop=None) -> int:
+        """`steps` AdamW steps on `modules` (the tied lm_head trains with the embeddings), or
+        fewer once `stop()` (checked every `stop_check_every` steps) says so; returns the steps
+        taken."""
+        model.requires_grad_(False)
+        for module in modules:
+            module.requires_grad_(True)
 
-        train("glyphs", [tower, projector], recipe.glyph_lr, recipe.glyph_steps, glyph_loss)
-        # What the vision side reads before the LM learns the task (validation images).
-        glyphs_read = {
-            style: round(glyph_accuracy(model, processor, _probe_images(style)), 3)
-            for style in STYLES
-        }
-        if recipe.reading_steps:
-            train("reading", [projector, lm], recipe.reading_lr, recipe.reading_steps, reading_loss)
-        # Exact transcriptions of validation pages, before and after the task stage.
-        pages_read = {"before_task": round(episode_accuracy(model, processor, validation_pages), 3)}
-        # The vision tower stays as the glyph stage made it: generic, not receipt-specific. The
-        # task stage stops once greedy decoding solves `task_stop_accuracy` of the validation
-        # images: where that happens moves with the data order, the accuracy does not.
-        task_steps = train(
-            "task",
-            [projector, lm],
-            recipe.task_lr,
-            recipe.task_steps,
-            task_loss,
-            stop=lambda: (
-                episode_accuracy(model, processor, validation_rows) >= recipe.task_stop_accuracy
-            ),
+        def backward() -> float:
+            loss = batch_loss()
+            loss.backward()
+            return float(loss.detach())
+
+        history = SFTLoop(model, lr, weight_decay=0.01).run(
+            backward,
+            steps,
+            label=f"building tiny-vl (one-off): {stage}",
+            progress=progress,
+            stop=None
+            if stop is None
+            else lambda stats: stats.step % recipe.stop_check_every == 0 and stop(),
         )
-        start_accuracy = {
-            style: round(episode_accuracy(model, processor, rows), 3)
-            for style, rows in validation.items()
-        }
-        pages_read["after_task"] = round(episode_accuracy(model, processor, validation_pages), 3)
+        if history:
+            losses[stage] = history[-1].loss
+        return len(history)
+
+    train("glyphs", [tower, projector], recipe.glyph_lr, recipe.glyph_steps, glyph_loss)
+    # What the vision side reads before the LM learns the task (validation images).
+    glyphs_read = {
+        style: round(glyph_accuracy(model, processor, _probe_images(style)), 3) for style in STYLES
+    }
+    if recipe.reading_steps:
+        train("reading", [projector, lm], recipe.reading_lr, recipe.reading_steps, reading_loss)
+    # Exact transcriptions of validation pages, before and after the task stage.
+    pages_read = {"before_task": round(episode_accuracy(model, processor, validation_pages), 3)}
+    # The vision tower stays as the glyph stage made it: generic, not receipt-specific. The
+    # task stage stops once greedy decoding solves `task_stop_accuracy` of the validation
+    # images: where that happens moves with the data order, the accuracy does not.
+    task_steps = train(
+        "task",
+        [projector, lm],
+        recipe.task_lr,
+        recipe.task_steps,
+        task_loss,
+        stop=lambda: (
+            episode_accuracy(model, processor, validation_rows) >= recipe.task_stop_accuracy
+        ),
+    )
+    start_accuracy = {
+        style: round(episode_accuracy(model, processor, rows), 3)
+        for style, rows in validation.items()
+    }
+    pages_read["after_task"] = round(episode_accuracy(model, processor, validation_pages), 3)
     model.requires_grad_(True).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
