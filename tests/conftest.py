@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain.config import RLConfig, load_config
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,7 +28,8 @@ def tiny_path() -> Path:
 @pytest.fixture
 def small_rl_config(tiny_path: Path, tmp_path: Path) -> RLConfig:
     """A GRPO run on the tiny model small enough for a test: 4 prompts x 4 samples, 48 tokens."""
-    return load_config(
+    return load_settings(
+        RLConfig,
         None,
         **{
             "steps": 2,

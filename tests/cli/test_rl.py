@@ -8,7 +8,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from leantrain.cli import app
-from leantrain.cli.rl import demo_config
+from leantrain.cli.rl import DEMO_SETTINGS, demo_config
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
 
 runner = CliRunner()
 
@@ -56,3 +58,11 @@ def test_demo_runs_its_settings_and_a_given_steps_wins(tmp_path: Path) -> None:
     assert cfg.threads == 2  # the README's figures on any machine's core count
     assert demo_config(3, tmp_path / "demo", "cpu").steps == 3
     assert demo_config(None, tmp_path / "demo", None, threads=1).threads == 1
+
+
+def test_demo_config_matches_the_demo() -> None:
+    # `leantrain demo` runs the defaults plus DEMO_SETTINGS; configs/tiny-arith.yaml documents
+    # the same run.
+    shipped = load_settings(RLConfig, Path(__file__).parents[2] / "configs" / "tiny-arith.yaml")
+    demo = load_settings(RLConfig, None, **DEMO_SETTINGS)
+    assert shipped.model_dump(exclude={"out"}) == demo.model_dump(exclude={"out"})

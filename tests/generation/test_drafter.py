@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 
 from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
+from leantrain.generation.speculative import Speculator
 from leantrain.models import encode_prompt, load_model
 from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.long_tail import LongTail
 from leantrain.speculation.spot_trainer import (
     HiddenBuffer,

@@ -17,8 +17,9 @@ from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.bandit import Arm, BucketedEpsilonGreedy
 from leantrain.generation.drafter import EagleDrafter
 from leantrain.generation.sampling import sampling_distribution
-from leantrain.generation.speculative import Draft, SpeculativeConfig, Speculator, verify
+from leantrain.generation.speculative import Draft, Speculator, verify
 from leantrain.generation.suffix_drafter import NgramIndex, SuffixDrafter
+from leantrain.speculation.config import SpeculativeConfig
 
 
 class ScriptedDrafter:

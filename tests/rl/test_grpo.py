@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.rl import learner
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 
 

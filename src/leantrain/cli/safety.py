@@ -11,8 +11,9 @@ import typer
 from rich.table import Table
 
 from leantrain.cli.common import ConfigOpt, OutOpt, console, quiet_libraries, user_errors_exit_2
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
+from leantrain.safety.config import AuditConfig, ElicitConfig, UnlearnConfig
+from leantrain.settings import load_settings
 
 elicit_app = typer.Typer(
     help="Sandbagging elicitation: password-lock the tiny model, then try to unlock it.",
@@ -43,7 +44,7 @@ def unlearn(
     lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
 ) -> None:
     """Unlearn the private-facts forget set from the memorised tiny model; model folder to --out."""
-    from leantrain.safety.unlearn import UnlearnConfig, unlearn_to_folder
+    from leantrain.safety.unlearn import unlearn_to_folder
 
     out = _need_out(out)
     cfg = load_settings(UnlearnConfig, config, method=method, steps=steps, lr=lr)
@@ -67,7 +68,7 @@ def audit(
     ] = True,
 ) -> None:
     """Attack an unlearned model (direct, in-context, relearn, probes); report to --out."""
-    from leantrain.safety.audit import AuditConfig, audit_folders, markdown_table, write_report
+    from leantrain.safety.audit import audit_folders, markdown_table, write_report
     from leantrain.safety.memorise import ensure_memorised, recipe_of
 
     if model is None or not model.is_dir():
@@ -95,7 +96,7 @@ def elicit_lock(
     steps: Annotated[int | None, typer.Option(help="Locking SFT steps.")] = None,
 ) -> None:
     """Password-lock the tiny model: full skill with the password, sandbagging without it."""
-    from leantrain.safety.elicit import ElicitConfig, lock
+    from leantrain.safety.elicit import lock
 
     out = _need_out(out)
     cfg = load_settings(ElicitConfig, config, lock_steps=steps)
@@ -119,7 +120,7 @@ def elicit_run(
     config: ConfigOpt = None,
 ) -> None:
     """Elicit a locked model without its password: SFT on weak demos, RL on a weak grader, both."""
-    from leantrain.safety.elicit import STRATEGIES, ElicitConfig, elicit
+    from leantrain.safety.elicit import STRATEGIES, elicit
 
     if strategy not in STRATEGIES:
         raise LeantrainError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")

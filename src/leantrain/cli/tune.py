@@ -30,11 +30,11 @@ from leantrain.cli.common import (
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
+from leantrain.settings import load_settings
 
 if TYPE_CHECKING:  # heavy imports wait until the arguments are valid
-    from leantrain.memory.sft import TuneConfig
+    from leantrain.memory.config import TuneConfig
 
 DataOpt = Annotated[
     Path | None,
@@ -68,7 +68,7 @@ def tune(
     sequence_parallel: ParallelOpt = 1,
 ) -> None:
     """Supervised fine-tuning; writes metrics, a plot, completions and a summary to --out."""
-    from leantrain.memory.sft import TuneConfig
+    from leantrain.memory.config import TuneConfig
 
     overrides = {
         "data": data,

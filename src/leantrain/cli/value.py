@@ -20,8 +20,8 @@ from leantrain.cli.common import (
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
+from leantrain.settings import load_settings
 
 value_app = typer.Typer(
     help="Data valuation and pricing: entropy, TracIn, Data Shapley, Merkle commitments.",
@@ -51,7 +51,8 @@ def value(
     """Per-row scores (CSV, JSON), prices, the Merkle root and an HTML report, written to --out."""
     if ctx.invoked_subcommand is not None:
         return
-    from leantrain.data.valuation import ValueConfig, run_valuation  # heavy imports after parsing
+    from leantrain.data.config import ValueConfig
+    from leantrain.data.valuation import run_valuation  # heavy imports after parsing
 
     overrides = {"data": data, "valid": valid, "model.name": model, "out": out, "device": device}
     cfg = load_settings(ValueConfig, config, **overrides, seed=seed)

@@ -19,8 +19,8 @@ from leantrain.cli.common import (
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
+from leantrain.settings import load_settings
 
 
 def register(app: typer.Typer) -> None:

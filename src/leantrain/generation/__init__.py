@@ -6,7 +6,7 @@ long-tail switch and drafter training: `leantrain.speculation`)."""
 from leantrain.generation.backend import Backend, Capabilities, Completion, FinishReason, require
 from leantrain.generation.engine import Engine
 from leantrain.generation.sampling import SamplingParams, sample
-from leantrain.generation.speculative import SpeculativeConfig, Speculator
+from leantrain.generation.speculative import Speculator
 
 __all__ = [
     "Backend",
@@ -15,7 +15,6 @@ __all__ = [
     "Engine",
     "FinishReason",
     "SamplingParams",
-    "SpeculativeConfig",
     "Speculator",
     "require",
     "sample",

@@ -26,10 +26,10 @@ from typing import Protocol
 
 import torch
 
-from leantrain.config import DrafterType, SpeculativeConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation.bandit import Arm, BucketedEpsilonGreedy
 from leantrain.generation.sampling import SamplingParams, inverse_cdf, sampling_distribution
+from leantrain.speculation.config import DrafterType, SpeculativeConfig
 
 DRAFTER_TYPES = typing.get_args(DrafterType)
 

@@ -13,9 +13,10 @@ The parts: `RolloutSource` (rl/rollout.py) turns a step into scored trajectories
 (rl/orchestrator.py) runs sources in workers ahead of the learner. This file sets them up, runs
 the loop, evaluates before and after, logs every step and checkpoints.
 
-    from leantrain.config import load_config
+    from leantrain.rl.config import RLConfig
     from leantrain.rl.grpo import GRPORun
-    summary = GRPORun(load_config("configs/tiny-arith.yaml", steps=20)).run()
+    from leantrain.settings import load_settings
+    summary = GRPORun(load_settings(RLConfig, "configs/tiny-arith.yaml", steps=20)).run()
 
 Set-up order matters: model before learner (its optimizer holds the parameters; a frozen vision
 tower holds no state), learner before resume (resume restores its state), task before the
@@ -38,12 +39,12 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import ProcessorMixin
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import SamplingParams
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.checkpoint import list_checkpoints
+from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
 from leantrain.rl.orchestrator import AsyncOrchestrator, Timer
 from leantrain.rl.packing import token_metrics

@@ -18,16 +18,17 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Backend, Completion, Engine, SamplingParams, Speculator, require
 from leantrain.models import encode_prompt
 from leantrain.models.vision import encode_image_prompt
+from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
 from leantrain.rl.trajectory import Trajectory
 from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
-from leantrain.tasks.rewards import RewardWeights, score_safely
+from leantrain.tasks.config import RewardWeights
+from leantrain.tasks.rewards import score_safely
 
 # Seed streams: training prompts and sampling never share a seed (held-out prompts: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003

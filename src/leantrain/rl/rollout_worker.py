@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion
 from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
+from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout import RolloutSource, rollout_backend
 from leantrain.tasks import make_task
 

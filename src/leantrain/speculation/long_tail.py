@@ -21,8 +21,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.generation import Completion
 from leantrain.generation.drafter import EagleDrafter
-from leantrain.generation.speculative import Drafter, SpeculativeConfig, Speculator
+from leantrain.generation.speculative import Drafter, Speculator
 from leantrain.generation.suffix_drafter import SuffixDrafter
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.spot_trainer import HiddenBuffer, SpotTrainer, ensure_drafter
 
 

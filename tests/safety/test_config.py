@@ -2,11 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
-from leantrain.safety.audit import AuditConfig
-from leantrain.safety.elicit import ElicitConfig
-from leantrain.safety.unlearn import TUNED, UnlearnConfig
+from leantrain.safety.config import TUNED, AuditConfig, ElicitConfig, UnlearnConfig
+from leantrain.settings import load_settings
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 SHIPPED = [

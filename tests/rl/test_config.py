@@ -1,0 +1,34 @@
+"""A GRPO run's settings: bad input names the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leantrain.errors import LeantrainError
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
+
+
+def test_overrides_apply_dotted_keys() -> None:
+    cfg = load_settings(RLConfig, None, **{"grpo.lr": 3e-4, "steps": 7, "model.name": None})
+    assert cfg.grpo.lr == 3e-4 and cfg.steps == 7 and cfg.model.name == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("grpo:\n  lr: -1\n", "grpo.lr"),
+        ("grpo:\n  loss_type: ppo\n", "grpo.loss_type"),
+        ("sampling:\n  top_p: 2\n", "sampling.top_p"),
+        ("steps: many\n", "steps"),
+        ("grpo:\n  learning_rate: 0.1\n", "grpo.learning_rate"),  # misspelt key
+        ("task:\n  reward_weights: {answer: .nan}\n", "task.reward_weights.answer"),
+    ],
+)
+def test_bad_field_is_named(tmp_path: Path, yaml_text: str, field: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(LeantrainError, match=rf"bad\.yaml: {field}:"):
+        load_settings(RLConfig, path)
