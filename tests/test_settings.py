@@ -40,6 +40,11 @@ def test_bad_file_field_is_named(tmp_path: Path) -> None:
     ]
 
 
+def test_a_model_built_in_python_names_its_field() -> None:
+    with pytest.raises(LeantrainError, match=r"^Run\.optimizer\.lr: Input should be greater"):
+        Run(optimizer={"lr": 0})
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(LeantrainError, match="not found"):
         load_settings(Run, tmp_path / "nope.yaml")

@@ -15,21 +15,37 @@ from leantrain.errors import LeantrainError
 
 
 class Strict(BaseModel):
-    """Base of every config model: a misspelt key is an error, not a silently ignored setting."""
+    """Base of every settings model: a misspelt key is an error, not a silently ignored setting,
+    and a bad value, from YAML or from Python, raises a LeantrainError naming the field."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise LeantrainError(describe_errors(e, type(self))) from None
+
+    # Only a model built in Python comes through here: marked as pydantic's own __init__ (as
+    # pydantic marks RootModel's), a nested model validates inside its parent and its errors
+    # stay the parent's, with their full field path.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: `source: field.path: message (got value)`."""
+def describe_errors(err: ValidationError, cls: type[BaseModel], source: str | None = None) -> str:
+    """One line per problem: `source: field.path: message (got value)`, where source is a file
+    or `defaults`; with no source (a model built in Python) `Class.field.path: message`."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = tuple(str(p) for p in e["loc"])
         got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-        lines.append(f"{source}: {loc}: {e['msg']}{got}")
+        if source is None:
+            lines.append(f"{'.'.join((cls.__name__, *loc))}: {e['msg']}{got}")
+        else:
+            lines.append(f"{source}: {'.'.join(loc) or '(top level)'}: {e['msg']}{got}")
     return "\n".join(lines)
 
 
@@ -63,4 +79,4 @@ def load_settings(cls: type[SettingsT], path: str | Path | None, **overrides: An
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise LeantrainError(format_validation_error(e, source)) from None
+        raise LeantrainError(describe_errors(e, cls, source)) from None

@@ -87,7 +87,7 @@ def test_online_drafter_beats_frozen_after_rl(tiny, warm, small_rl_config):
     _, tok = tiny
     # RL changes the policy: GRPO at a high learning rate moves it far within 6 steps.
     config = small_rl_config.model_copy(update={"steps": 6, "checkpoint_every": 6, "seed": 1})
-    config.sampling.max_new_tokens = 96
+    config.sampling = config.sampling.model_copy(update={"max_new_tokens": 96})
     config.grpo.lr, config.grpo.warmup_steps = 3e-3, 0
     run = GRPORun(config, progress=False)
     run.run()

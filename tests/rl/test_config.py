@@ -1,4 +1,4 @@
-"""A GRPO run's settings: bad input names the field."""
+"""A GRPO run's settings: bad input names the field; `sampling` is the engine's SamplingParams."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from leantrain.errors import LeantrainError
+from leantrain.generation import SamplingParams
 from leantrain.rl.config import RLConfig
 from leantrain.settings import load_settings
 
@@ -14,6 +15,12 @@ from leantrain.settings import load_settings
 def test_overrides_apply_dotted_keys() -> None:
     cfg = load_settings(RLConfig, None, **{"grpo.lr": 3e-4, "steps": 7, "model.name": None})
     assert cfg.grpo.lr == 3e-4 and cfg.steps == 7 and cfg.model.name == "tiny"
+
+
+def test_sampling_is_the_engines_sampling_params() -> None:
+    cfg = load_settings(RLConfig, None, **{"sampling.max_new_tokens": 48, "sampling.stop": ["\n"]})
+    assert cfg.sampling == SamplingParams(max_new_tokens=48, temperature=0.7, stop=("\n",))
+    assert RLConfig().sampling == SamplingParams()  # one set of defaults: 320 tokens at 0.7
 
 
 @pytest.mark.parametrize(

@@ -79,7 +79,7 @@ def _run(tokenizer, task, scripts, max_new_tokens=64):
     engine = ScriptedEngine(tokenizer, scripts)
     prompts = [encode_prompt(tokenizer, p) for p in scripts]
     episodes = EpisodeRunner(engine, task).generate(
-        prompts, SamplingParams(max_new_tokens=max_new_tokens), seed=0
+        prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), seed=0
     )
     return engine, episodes
 

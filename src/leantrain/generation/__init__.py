@@ -4,8 +4,9 @@ over any Hugging Face causal LM) with speculative verification, its drafters and
 long-tail switch and drafter training: `leantrain.speculation`)."""
 
 from leantrain.generation.backend import Backend, Capabilities, Completion, FinishReason, require
+from leantrain.generation.config import SamplingParams
 from leantrain.generation.engine import Engine
-from leantrain.generation.sampling import SamplingParams, sample
+from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator
 
 __all__ = [

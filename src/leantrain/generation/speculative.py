@@ -28,7 +28,8 @@ import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.generation.bandit import Arm, BucketedEpsilonGreedy
-from leantrain.generation.sampling import SamplingParams, inverse_cdf, sampling_distribution
+from leantrain.generation.config import SamplingParams
+from leantrain.generation.sampling import inverse_cdf, sampling_distribution
 from leantrain.speculation.config import DrafterType, SpeculativeConfig
 
 DRAFTER_TYPES = typing.get_args(DrafterType)

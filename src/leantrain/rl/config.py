@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from leantrain.generation.config import SamplingConfig
+from leantrain.generation.config import SamplingParams
 from leantrain.models.config import ModelConfig
 from leantrain.settings import Strict
 from leantrain.speculation.config import SpeculativeConfig
@@ -160,7 +160,7 @@ class RLConfig(Strict):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     speculative: SpeculativeConfig = Field(

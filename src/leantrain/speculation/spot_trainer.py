@@ -30,8 +30,8 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.generation import Completion, Engine
+from leantrain.generation.config import SamplingParams
 from leantrain.generation.drafter import EagleDrafter, drafter_loss
-from leantrain.generation.sampling import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
 from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.tasks import ArithTask
