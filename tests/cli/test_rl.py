@@ -23,6 +23,16 @@ def test_bad_config_field_exits_2(tmp_path: Path) -> None:
     assert "grpo.lr" in result.output
 
 
+def test_bad_overrides_exit_2_naming_the_key() -> None:
+    result = runner.invoke(app, ["rl", "-o", "grpo.lrr=1e-4"])
+    assert result.exit_code == 2
+    assert "grpo.lrr: unknown field; valid: prompts_per_step" in result.output
+    result = runner.invoke(app, ["rl", "--override", "orchestrator.mode=fast"])
+    assert result.exit_code == 2 and "orchestrator.mode: Input should be" in result.output
+    result = runner.invoke(app, ["rl", "-o", "steps"])
+    assert result.exit_code == 2 and "expected key.path=value" in result.output
+
+
 def test_unknown_preset_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["rl", "--model", "gpt-17", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2

@@ -13,7 +13,7 @@ from leantrain.settings import load_settings
 
 
 def test_overrides_apply_dotted_keys() -> None:
-    cfg = load_settings(RLConfig, None, **{"grpo.lr": 3e-4, "steps": 7, "model.name": None})
+    cfg = load_settings(RLConfig, None, **{"grpo.lr": 3e-4, "steps": 7})
     assert cfg.grpo.lr == 3e-4 and cfg.steps == 7 and cfg.model.name == "tiny"
 
 
@@ -38,4 +38,11 @@ def test_bad_field_is_named(tmp_path: Path, yaml_text: str, field: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml_text)
     with pytest.raises(LeantrainError, match=rf"bad\.yaml: {field}:"):
+        load_settings(RLConfig, path)
+
+
+def test_misspelt_key_lists_the_valid_ones(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("grpo:\n  learning_rate: 0.1\n")
+    with pytest.raises(LeantrainError, match="unknown field; valid: prompts_per_step, group_size"):
         load_settings(RLConfig, path)

@@ -34,10 +34,10 @@ def test_unlearn_settings_default_to_the_methods_tuned_values():
             tuned["lr"],
             tuned["retain_weight"],
         )
-    # What the user sets wins over the tuned value, from Python or from the command line.
+    # What the user sets wins over the tuned value (on the command line: tests/cli/test_common.py).
     assert UnlearnConfig(method="rmu", lr=0.5).lr == 0.5
-    assert load_settings(UnlearnConfig, None, method="ga", steps=7, lr=None).steps == 7
-    assert load_settings(UnlearnConfig, None, method="ga", lr=None).lr == TUNED["ga"]["lr"]
+    assert load_settings(UnlearnConfig, None, method="ga", steps=7).steps == 7
+    assert load_settings(UnlearnConfig, None, method="ga").lr == TUNED["ga"]["lr"]
 
 
 def test_bad_fields_name_the_field():

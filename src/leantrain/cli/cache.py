@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from pathlib import Path
-from typing import Annotated
 
 import typer
 
-from leantrain.cli.common import ConfigOpt, DeviceOpt, console, quiet_libraries, user_errors_exit_2
+from leantrain.cli.common import (
+    ConfigOpt,
+    DeviceOpt,
+    OverrideOpt,
+    command_settings,
+    console,
+    quiet_libraries,
+    user_errors_exit_2,
+)
 from leantrain.errors import LeantrainError
 from leantrain.serving.config import CacheServeConfig
-from leantrain.settings import load_settings
 
 
 def register(app: typer.Typer) -> None:
@@ -22,38 +27,12 @@ def register(app: typer.Typer) -> None:
 
 
 @user_errors_exit_2
-def serve(
-    config: ConfigOpt = None,
-    db: Annotated[Path | None, typer.Option(help="SQLite file of the cache.")] = None,
-    policy: Annotated[str | None, typer.Option(help="verified, budgeted or threshold.")] = None,
-    delta: Annotated[float | None, typer.Option(help="verified, budgeted: error bound.")] = None,
-    threshold: Annotated[float | None, typer.Option(help="threshold: cosine to hit.")] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="Model preset/folder, or OpenAI-compatible base URL.")
-    ] = None,
-    embedder: Annotated[str | None, typer.Option(help="minilm or hashing.")] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
-    device: DeviceOpt = None,
-) -> None:
+def serve(config: ConfigOpt = None, override: OverrideOpt = None, device: DeviceOpt = None) -> None:
     """Serve /v1/chat/completions from the cache (misses go to the backend), /v1/feedback and
-    /metrics. The bearer token, if any, comes from $LEANTRAIN_CACHE_TOKEN (never the command
-    line, where other users can read it); a backend API key from $LEANTRAIN_BACKEND_API_KEY."""
-    cfg = load_settings(
-        CacheServeConfig,
-        config,
-        **{
-            "db": db,
-            "policy": policy,
-            "delta": delta,
-            "threshold": threshold,
-            "backend": backend,
-            "embedder": embedder,
-            "host": host,
-            "port": port,
-            "device": device,
-        },
-    )
+    /metrics; every setting is a field of CacheServeConfig (e.g. -o db=cache.sqlite -o port=8765).
+    The bearer token, if any, comes from $LEANTRAIN_CACHE_TOKEN (never the command line, where
+    other users can read it); a backend API key from $LEANTRAIN_BACKEND_API_KEY."""
+    cfg = command_settings(CacheServeConfig, config, override, device=device)
     token = os.environ.get("LEANTRAIN_CACHE_TOKEN") or None
     if not _is_loopback(cfg.host) and token is None:
         raise LeantrainError(

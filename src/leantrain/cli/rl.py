@@ -14,11 +14,14 @@ from leantrain.cli.common import (
     DeviceOpt,
     ModelOpt,
     OutOpt,
+    OverrideOpt,
     SeedOpt,
     StepsOpt,
     ThreadsOpt,
+    command_settings,
     console,
     quiet_libraries,
+    shortcut_overrides,
     user_errors_exit_2,
 )
 from leantrain.settings import load_settings
@@ -42,6 +45,7 @@ def register(app: typer.Typer) -> None:
 @user_errors_exit_2
 def rl(
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     model: ModelOpt = None,
     steps: StepsOpt = None,
     out: OutOpt = None,
@@ -55,8 +59,17 @@ def rl(
     """GRPO post-training on a verifiable task; writes metrics, plots and checkpoints to --out."""
     from leantrain.rl.config import RLConfig
 
-    options = {"model.name": model, "steps": steps, "out": out, "device": device, "seed": seed}
-    cfg = load_settings(RLConfig, config, **options, threads=threads)
+    cfg = command_settings(
+        RLConfig,
+        config,
+        override,
+        model=model,
+        steps=steps,
+        out=out,
+        device=device,
+        seed=seed,
+        threads=threads,
+    )
     _train_and_report(cfg, resume=resume)
 
 
@@ -78,12 +91,11 @@ def demo_config(
     from leantrain.rl.config import RLConfig
 
     out = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    options = {"steps": steps, "out": out, "device": device, "threads": threads}
-    given = {key: value for key, value in options.items() if value is not None}
+    given = shortcut_overrides(steps=steps, out=out, device=device, threads=threads)
     return load_settings(RLConfig, None, **{**DEMO_SETTINGS, **given})
 
 
-def _train_and_report(cfg: Any, *, resume: bool) -> None:
+def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
     from leantrain.rl.grpo import GRPORun  # heavy imports only once arguments are valid
 
     quiet_libraries()
