@@ -37,9 +37,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from leantrain.config import load_config
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.simulate import calibrate, simulate
+from leantrain.settings import load_settings
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "async_rl.json"
@@ -49,7 +50,8 @@ MODES = {"sync": ("sync", 0), "k1": ("async", 1), "k2": ("async", 2)}
 def one_run(name: str, args: argparse.Namespace, out: Path, repeat: int) -> dict[str, Any]:
     """Train one mode from the same initial weights; returns its summary."""
     mode, k = MODES[name]
-    cfg = load_config(
+    cfg = load_settings(
+        RLConfig,
         None,
         **{
             "model.name": args.model,

@@ -55,10 +55,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel
 
-from leantrain.config import SpeculativeConfig, load_config
 from leantrain.generation import Engine, SamplingParams, Speculator
 from leantrain.models import encode_prompt
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
+from leantrain.settings import load_settings
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.long_tail import LongTail
 from leantrain.speculation.speculator import BanditSpeculator
 from leantrain.telemetry.report import write_benchmark_json
@@ -149,7 +151,8 @@ def main() -> None:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(
+        config = load_settings(
+            RLConfig,
             None,
             **{
                 "model.name": args.model,

@@ -92,10 +92,11 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
     """Measure `method` at each length, print one JSON line per result."""
     import torch
 
-    from leantrain.config import load_settings
     from leantrain.memory import measure_step, saved_tensors
-    from leantrain.memory.sft import SFTRun, TuneConfig
+    from leantrain.memory.config import TuneConfig
+    from leantrain.memory.sft import SFTRun
     from leantrain.models.finetune import backward_token_mean
+    from leantrain.settings import load_settings
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -137,7 +137,9 @@ def main() -> None:
 
     # Warm up both paths (first-call allocations, lazily installed hooks).
     hf(prompts[:2], 2, 8)
-    Engine(model, tokenizer, 2).generate(prompts[:2], SamplingParams(max_new_tokens=8), seed=0)
+    Engine(model, tokenizer, 2).generate(
+        prompts[:2], SamplingParams(max_new_tokens=8, temperature=1.0), seed=0
+    )
 
     results = {}
     with torch.inference_mode():

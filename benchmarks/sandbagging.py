@@ -25,7 +25,8 @@ import transformers
 from rich.console import Console
 from rich.table import Table
 
-from leantrain.safety.elicit import STRATEGIES, ElicitConfig, elicit, lock
+from leantrain.safety.config import ElicitConfig
+from leantrain.safety.elicit import STRATEGIES, elicit, lock
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "sandbagging.json"

@@ -4,7 +4,7 @@ the built-in private-facts corpus (PrivUn, arXiv 2604.22076, at our scale).
 Rows: the memorised model (nothing unlearned), GA, GradDiff, NPO, RMU (one layer), RMU with
 multi-layer representation constraints (PrivUn's mitigation), and the retain-only model that never
 saw the forget set (what "forgotten" should look like). Each method runs with its tuned steps,
-learning rate and retain weight (`leantrain.safety.unlearn.TUNED`). Columns: extraction rate on
+learning rate and retain weight (`leantrain.safety.config.TUNED`). Columns: extraction rate on
 `forget_eval` people by direct query, in-context recovery and relearning (fine-tuning on the
 *other* forget people), retain utility, forget quality (KS p-value), and linear-probe accuracy at
 the deepest layer.
@@ -37,9 +37,10 @@ from rich.table import Table
 
 from leantrain.models import load_model
 from leantrain.safety.attacks import truth_ratios
-from leantrain.safety.audit import AuditConfig, audit_model, write_report
+from leantrain.safety.audit import audit_model, write_report
+from leantrain.safety.config import METHODS, AuditConfig, UnlearnConfig
 from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
-from leantrain.safety.unlearn import METHODS, UnlearnConfig, unlearn
+from leantrain.safety.unlearn import unlearn
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "unlearning.json"

@@ -47,11 +47,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from leantrain.config import load_config
 from leantrain.generation import SamplingParams
 from leantrain.models.presets.tiny_vl import ensure_tiny_vl
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.rollout import compute_autocast, example_inputs
+from leantrain.settings import load_settings
 from leantrain.tasks import Example
 from leantrain.tasks.visual import evaluation_examples
 from leantrain.telemetry.report import write_benchmark_json
@@ -175,7 +176,8 @@ def main() -> None:
         overrides["task.options.style"] = args.train_styles.split(",")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        config = load_config(
+        config = load_settings(
+            RLConfig,
             args.config,
             **overrides,
             **{

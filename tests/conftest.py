@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from leantrain.config import RLConfig, load_config
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
 
 TEXTS = [
     "sum 3 5 2 7\n",
@@ -65,7 +66,8 @@ def tiny_path() -> Path:
 @pytest.fixture
 def small_rl_config(tiny_path: Path, tmp_path: Path) -> RLConfig:
     """A GRPO run on the tiny model small enough for a test: 4 prompts x 4 samples, 48 tokens."""
-    return load_config(
+    return load_settings(
+        RLConfig,
         None,
         **{
             "steps": 2,

@@ -8,7 +8,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from leantrain.cli import app
-from leantrain.cli.rl import demo_config
+from leantrain.cli.rl import DEMO_SETTINGS, demo_config
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
 
 runner = CliRunner()
 
@@ -19,6 +21,16 @@ def test_bad_config_field_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["rl", "--config", str(bad)])
     assert result.exit_code == 2
     assert "grpo.lr" in result.output
+
+
+def test_bad_overrides_exit_2_naming_the_key() -> None:
+    result = runner.invoke(app, ["rl", "-o", "grpo.lrr=1e-4"])
+    assert result.exit_code == 2
+    assert "grpo.lrr: unknown field; valid: prompts_per_step" in result.output
+    result = runner.invoke(app, ["rl", "--override", "orchestrator.mode=fast"])
+    assert result.exit_code == 2 and "orchestrator.mode: Input should be" in result.output
+    result = runner.invoke(app, ["rl", "-o", "steps"])
+    assert result.exit_code == 2 and "expected key.path=value" in result.output
 
 
 def test_unknown_preset_exits_2(tmp_path: Path) -> None:
@@ -56,3 +68,11 @@ def test_demo_runs_its_settings_and_a_given_steps_wins(tmp_path: Path) -> None:
     assert cfg.threads == 2  # the README's figures on any machine's core count
     assert demo_config(3, tmp_path / "demo", "cpu").steps == 3
     assert demo_config(None, tmp_path / "demo", None, threads=1).threads == 1
+
+
+def test_demo_config_matches_the_demo() -> None:
+    # `leantrain demo` runs the defaults plus DEMO_SETTINGS; configs/tiny-arith.yaml documents
+    # the same run.
+    shipped = load_settings(RLConfig, Path(__file__).parents[2] / "configs" / "tiny-arith.yaml")
+    demo = load_settings(RLConfig, None, **DEMO_SETTINGS)
+    assert shipped.model_dump(exclude={"out"}) == demo.model_dump(exclude={"out"})

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from leantrain.cli import app
-from leantrain.config import load_settings
 from leantrain.models import load_model
+from leantrain.settings import load_settings
 from leantrain.zo.config import ZOConfig
 
 runner = CliRunner()

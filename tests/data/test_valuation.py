@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from leantrain.config import load_settings
+from leantrain.data.config import ValueConfig
 from leantrain.data.merkle import MerkleTree, file_rows, load_proofs, verify_inclusion
-from leantrain.data.valuation import ValueConfig, run_valuation
+from leantrain.data.valuation import run_valuation
 from leantrain.errors import LeantrainError
+from leantrain.settings import load_settings
 from leantrain.tasks import make_task
 
 CONFIGS = Path(__file__).parents[2] / "configs"

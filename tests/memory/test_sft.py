@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
 from leantrain.memory import LeanGatedMLP, LeanRMSNorm
-from leantrain.memory.sft import SFTRun, TuneConfig, load_pairs_jsonl
+from leantrain.memory.config import TuneConfig
+from leantrain.memory.sft import SFTRun, load_pairs_jsonl
 from leantrain.models import encode_prompt
+from leantrain.settings import load_settings
 
 CONFIG = Path(__file__).parents[2] / "configs" / "tiny-sft.yaml"
 

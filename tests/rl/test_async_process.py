@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from leantrain.config import load_config
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
+from leantrain.settings import load_settings
 
 _NO_RAY = importlib.util.find_spec("ray") is None
 
@@ -42,7 +43,8 @@ def backend(request: pytest.FixtureRequest):
 def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     backend: str, tiny_path: Path, tmp_path: Path
 ) -> None:
-    cfg = load_config(
+    cfg = load_settings(
+        RLConfig,
         None,
         **{
             "steps": 5,

@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from leantrain.config import load_config
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, SamplingParams
 from leantrain.models import encode_prompt, load_model, resolve_model_path
 from leantrain.models.tokenizer import build_byte_tokenizer
+from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import (
     ChatToolFormat,
     EpisodeRunner,
@@ -24,6 +24,7 @@ from leantrain.rl.episodes import (
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.losses import policy_loss
 from leantrain.rl.packing import loss_context, pack, packed_logprobs
+from leantrain.settings import load_settings
 from leantrain.tasks import Example, make_task
 from leantrain.tasks.rewards import ScoreResult
 from leantrain.tasks.tool_arith import ToolArithTask, ToolCall
@@ -78,7 +79,7 @@ def _run(tokenizer, task, scripts, max_new_tokens=64):
     engine = ScriptedEngine(tokenizer, scripts)
     prompts = [encode_prompt(tokenizer, p) for p in scripts]
     episodes = EpisodeRunner(engine, task).generate(
-        prompts, SamplingParams(max_new_tokens=max_new_tokens), seed=0
+        prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), seed=0
     )
     return engine, episodes
 
@@ -312,7 +313,8 @@ def test_engine_never_exceeds_its_kv_budget_and_greedy_outputs_do_not_change(tin
 
 
 def test_grpo_trains_on_tool_episodes(tiny_path, tmp_path):
-    cfg = load_config(
+    cfg = load_settings(
+        RLConfig,
         "configs/tiny-tools.yaml",
         **{
             "model.name": "tiny",  # the tiny-tools preset's build is tested in tests/models

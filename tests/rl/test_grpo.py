@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.rl import learner
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 
 
@@ -202,7 +202,7 @@ def test_train_variants(small_rl_config: RLConfig, update: dict, expect: str) ->
 
 def test_speculative_rollouts_equal_plain_ones_when_greedy(small_rl_config: RLConfig) -> None:
     greedy = small_rl_config.model_copy(deep=True)
-    greedy.sampling.temperature = 0.0
+    greedy.sampling = greedy.sampling.model_copy(update={"temperature": 0.0})
     greedy.steps = 1
     plain = GRPORun(greedy, progress=False).source.rollout(0, 0)
     spec_cfg = greedy.model_copy(deep=True)

@@ -12,18 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain.config import RLConfig, load_config
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import StallError
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.rl.trajectory import Trajectory
+from leantrain.settings import load_settings
 
 
 def _config(tiny_path: Path, out: Path, **overrides: object) -> RLConfig:
     """3 prompts x 2 samples, 32 tokens: a step takes well under a second."""
-    return load_config(
+    return load_settings(
+        RLConfig,
         None,
         **{
             "steps": 3,

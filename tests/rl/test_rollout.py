@@ -7,12 +7,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from leantrain.config import load_config
 from leantrain.errors import LeantrainError
 from leantrain.generation import Capabilities, Engine
 from leantrain.models import load_model
+from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import EpisodeRunner
 from leantrain.rl.rollout import RolloutSource
+from leantrain.settings import load_settings
 from leantrain.tasks import make_task
 
 
@@ -37,7 +38,7 @@ def test_a_backend_without_the_capability_is_refused_at_set_up(
     tiny_path, overrides, long_tail, setting
 ) -> None:
     _, tok = load_model(tiny_path)
-    cfg = load_config(None, **overrides)
+    cfg = load_settings(RLConfig, None, **overrides)
     with pytest.raises(LeantrainError, match=setting.replace(".", r"\.")):
         RolloutSource(
             cfg, _PlainBackend(), tok, make_task("arith"), torch.device("cpu"), None, long_tail
@@ -51,5 +52,11 @@ def test_episodes_pass_on_no_hidden_states_so_drafter_training_is_refused(tiny_p
     training = SimpleNamespace(capture=True)  # a long tail whose drafter trains online
     with pytest.raises(LeantrainError, match=r"speculative\.train_drafter needs .* hidden states"):
         RolloutSource(
-            load_config(None), runner, tok, runner.env, torch.device("cpu"), None, training
+            load_settings(RLConfig, None),
+            runner,
+            tok,
+            runner.env,
+            torch.device("cpu"),
+            None,
+            training,
         )

@@ -10,14 +10,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from leantrain.config import load_config
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
 from leantrain.models.presets.tiny_vl import tiny_vl_model
 from leantrain.models.vision import encode_image_prompt
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.packing import pack, packed_logprobs
 from leantrain.rl.trajectory import Trajectory
+from leantrain.settings import load_settings
 from leantrain.tasks.visual import VisualTask
 
 
@@ -49,7 +50,7 @@ def _config(vlm_dir, out, **overrides):
         "out": out,
         "checkpoint_every": 1,
     }
-    return load_config(None, **{**settings, **overrides})
+    return load_settings(RLConfig, None, **{**settings, **overrides})
 
 
 def test_packed_rows_with_images_match_separate_forwards(vlm_dir):
@@ -141,7 +142,7 @@ def test_the_shipped_config_builds_its_task():
 
     from leantrain.tasks import make_task
 
-    config = load_config(Path(__file__).parents[2] / "configs" / "tiny-vl-tools.yaml")
+    config = load_settings(RLConfig, Path(__file__).parents[2] / "configs" / "tiny-vl-tools.yaml")
     task = make_task(config.task.name, **config.task.options)
     assert isinstance(task, VisualTask) and task.styles == ("receipt", "table", "page")
     assert task.transcribe and "tags" not in task.styles  # reads first; tags stay held out

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from leantrain.safety.attacks import truth_ratios
-from leantrain.safety.audit import AuditConfig, audit_model, markdown_table, write_report
+from leantrain.safety.audit import audit_model, markdown_table, write_report
+from leantrain.safety.config import AuditConfig
 
 ROW = {
     "direct": 0.25,

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from leantrain.errors import LeantrainError
-from leantrain.safety.elicit import ElicitConfig, elicit, lock, weak_demonstrator_accuracy
+from leantrain.safety.config import ElicitConfig
+from leantrain.safety.elicit import elicit, lock, weak_demonstrator_accuracy
 
 # Small enough for a test: a few locking steps, one GRPO step on 2 prompts x 2 samples.
 SMALL = ElicitConfig(

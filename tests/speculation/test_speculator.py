@@ -12,12 +12,12 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from leantrain.config import SpeculativeConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
 from leantrain.generation.sampling import sampling_distribution
 from leantrain.generation.speculative import Draft
 from leantrain.speculation.bandit import Arm
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.drafter import EagleDrafter
 from leantrain.speculation.speculator import BanditSpeculator
 from leantrain.speculation.suffix_drafter import SuffixDrafter
@@ -150,7 +150,10 @@ def exact_joint(model, prompt: list[int], params: SamplingParams, n: int) -> tor
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(max_new_tokens=3, temperature=1.0), SamplingParams(3, 0.7, top_p=0.8)],
+    [
+        SamplingParams(max_new_tokens=3, temperature=1.0),
+        SamplingParams(max_new_tokens=3, temperature=0.7, top_p=0.8),
+    ],
     ids=["t1.0", "t0.7-p0.8"],
 )
 @pytest.mark.parametrize("stochastic", [True, False], ids=["q-random", "q-one-hot"])

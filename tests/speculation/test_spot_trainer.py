@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from leantrain.config import SpeculativeConfig
 from leantrain.generation import Engine, SamplingParams
 from leantrain.models import encode_prompt, load_model
 from leantrain.rl.grpo import GRPORun
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.drafter import EagleDrafter
 from leantrain.speculation.long_tail import LongTail
 from leantrain.speculation.speculator import BanditSpeculator
@@ -87,7 +87,7 @@ def test_online_drafter_beats_frozen_after_rl(tiny, warm, small_rl_config):
     _, tok = tiny
     # RL changes the policy: GRPO at a high learning rate moves it far within 6 steps.
     config = small_rl_config.model_copy(update={"steps": 6, "checkpoint_every": 6, "seed": 1})
-    config.sampling.max_new_tokens = 96
+    config.sampling = config.sampling.model_copy(update={"max_new_tokens": 96})
     config.grpo.lr, config.grpo.warmup_steps = 3e-3, 0
     run = GRPORun(config, progress=False)
     run.run()

@@ -27,11 +27,11 @@ def test_suffix_drafter_shares_a_prompt_group_and_recent_calls():
     drafter = SuffixDrafter(min_match=2, max_match=4)
     a, b, other = View([1, 2], [5, 6, 7, 8, 9]), View([1, 2], [5, 6]), View([3], [6, 7])
     drafter.begin([a, b, other])
-    draft = drafter.propose([b, other], None, 3, SamplingParams(), torch.Generator())
+    draft = drafter.propose([b, other], None, 3, SamplingParams(temperature=1.0), torch.Generator())
     assert draft.tokens[0].tolist() == [7, 8, 9]  # b continues like its sibling a
     assert draft.lengths.tolist() == [3, 0]  # `other` has its own group: nothing to copy
     drafter.end()
     later = View([4], [6, 7])
     drafter.begin([later])
-    draft = drafter.propose([later], None, 2, SamplingParams(), torch.Generator())
+    draft = drafter.propose([later], None, 2, SamplingParams(temperature=1.0), torch.Generator())
     assert draft.tokens[0].tolist() == [8, 9]  # from the previous call's texts

@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from leantrain.tasks.arith import ArithTask
 from leantrain.tasks.base import REWARD_PARTS, Example, Task
-from leantrain.tasks.rewards import RewardWeights, ScoreResult, score_safely, total
+from leantrain.tasks.config import RewardWeights
+from leantrain.tasks.rewards import ScoreResult, score_safely, total
 
 
 class _Broken(Task):

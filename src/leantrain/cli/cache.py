@@ -4,65 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from pathlib import Path
-from typing import Annotated, Literal
 
 import typer
-from pydantic import Field
 
-from leantrain.cli.common import ConfigOpt, DeviceOpt, console, quiet_libraries, user_errors_exit_2
-from leantrain.config import Strict, load_settings
+from leantrain.cli.common import (
+    ConfigOpt,
+    DeviceOpt,
+    OverrideOpt,
+    command_settings,
+    console,
+    quiet_libraries,
+    user_errors_exit_2,
+)
 from leantrain.errors import LeantrainError
-
-
-class CacheServeConfig(Strict):
-    """A cache server: `leantrain cache serve --config FILE` loads one of these."""
-
-    db: Path = Field(
-        Path("runs/cache/cache.sqlite"),
-        description="SQLite file of the cache; it survives restarts (WAL mode).",
-    )
-    policy: Literal["verified", "budgeted", "threshold"] = Field(
-        "verified",
-        description="verified: per-entry learned hits, each request's error probability under "
-        "delta; budgeted: the same evidence, delta bounds the error rate over all requests (more "
-        "hits, a weaker guarantee, budget restarts with the server); threshold: hit at a fixed "
-        "similarity (GPTCache's rule; a reversed question can score 0.99).",
-    )
-    delta: float = Field(
-        0.02,
-        gt=0.0,
-        lt=1.0,
-        description="verified, budgeted: bound on the rate of wrong cached answers.",
-    )
-    threshold: float = Field(0.9, ge=-1.0, le=1.0, description="threshold: cosine to hit at.")
-    backend: str = Field(
-        "tiny",
-        description="Who answers misses: a model preset or local HF folder (our engine), or the "
-        "base URL of an OpenAI-compatible server (http://.../v1).",
-    )
-    backend_model: str = Field(
-        "default", description="Model name sent to an OpenAI-compatible backend."
-    )
-    embedder: Literal["minilm", "hashing"] = Field(
-        "minilm",
-        description="minilm: all-MiniLM-L6-v2 (offline package); hashing: word hashes, no "
-        "model (fast, blind to meaning).",
-    )
-    max_entries: int = Field(10_000, ge=1, description="Size bound of the cache.")
-    eviction: Literal["lru", "cost"] = Field(
-        "lru",
-        description="Beyond max_entries evict the least recently used, or the answers that save "
-        "the least backend time ((1 + hits) x cost).",
-    )
-    host: str = Field(
-        "127.0.0.1", description="Address to bind; loopback by default (anything else: a token)."
-    )
-    port: int = Field(8000, ge=1, le=65535, description="TCP port.")
-    max_body_bytes: int = Field(
-        64_000, ge=1024, description="Larger request bodies are refused with 413."
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device of a local model.")
+from leantrain.serving.config import CacheServeConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -72,38 +27,12 @@ def register(app: typer.Typer) -> None:
 
 
 @user_errors_exit_2
-def serve(
-    config: ConfigOpt = None,
-    db: Annotated[Path | None, typer.Option(help="SQLite file of the cache.")] = None,
-    policy: Annotated[str | None, typer.Option(help="verified, budgeted or threshold.")] = None,
-    delta: Annotated[float | None, typer.Option(help="verified, budgeted: error bound.")] = None,
-    threshold: Annotated[float | None, typer.Option(help="threshold: cosine to hit.")] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="Model preset/folder, or OpenAI-compatible base URL.")
-    ] = None,
-    embedder: Annotated[str | None, typer.Option(help="minilm or hashing.")] = None,
-    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port (default 8000).")] = None,
-    device: DeviceOpt = None,
-) -> None:
+def serve(config: ConfigOpt = None, override: OverrideOpt = None, device: DeviceOpt = None) -> None:
     """Serve /v1/chat/completions from the cache (misses go to the backend), /v1/feedback and
-    /metrics. The bearer token, if any, comes from $LEANTRAIN_CACHE_TOKEN (never the command
-    line, where other users can read it); a backend API key from $LEANTRAIN_BACKEND_API_KEY."""
-    cfg = load_settings(
-        CacheServeConfig,
-        config,
-        **{
-            "db": db,
-            "policy": policy,
-            "delta": delta,
-            "threshold": threshold,
-            "backend": backend,
-            "embedder": embedder,
-            "host": host,
-            "port": port,
-            "device": device,
-        },
-    )
+    /metrics; every setting is a field of CacheServeConfig (e.g. -o db=cache.sqlite -o port=8765).
+    The bearer token, if any, comes from $LEANTRAIN_CACHE_TOKEN (never the command line, where
+    other users can read it); a backend API key from $LEANTRAIN_BACKEND_API_KEY."""
+    cfg = command_settings(CacheServeConfig, config, override, device=device)
     token = os.environ.get("LEANTRAIN_CACHE_TOKEN") or None
     if not _is_loopback(cfg.host) and token is None:
         raise LeantrainError(

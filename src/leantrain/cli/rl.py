@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,14 +14,20 @@ from leantrain.cli.common import (
     DeviceOpt,
     ModelOpt,
     OutOpt,
+    OverrideOpt,
     SeedOpt,
     StepsOpt,
     ThreadsOpt,
+    command_settings,
     console,
     quiet_libraries,
+    shortcut_overrides,
     user_errors_exit_2,
 )
-from leantrain.config import RLConfig, load_config
+from leantrain.settings import load_settings
+
+if TYPE_CHECKING:  # rl/config.py loads torch (through generation/): only once arguments parse
+    from leantrain.rl.config import RLConfig
 
 # `leantrain demo`: RLConfig's defaults plus these (configs/tiny-arith.yaml spells out the same
 # run). The cosine decay steadies the final weights: with a constant lr the held-out accuracy
@@ -39,6 +45,7 @@ def register(app: typer.Typer) -> None:
 @user_errors_exit_2
 def rl(
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     model: ModelOpt = None,
     steps: StepsOpt = None,
     out: OutOpt = None,
@@ -50,8 +57,19 @@ def rl(
     ] = False,
 ) -> None:
     """GRPO post-training on a verifiable task; writes metrics, plots and checkpoints to --out."""
-    options = {"model.name": model, "steps": steps, "out": out, "device": device, "seed": seed}
-    cfg = load_config(config, **options, threads=threads)
+    from leantrain.rl.config import RLConfig
+
+    cfg = command_settings(
+        RLConfig,
+        config,
+        override,
+        model=model,
+        steps=steps,
+        out=out,
+        device=device,
+        seed=seed,
+        threads=threads,
+    )
     _train_and_report(cfg, resume=resume)
 
 
@@ -70,13 +88,14 @@ def demo_config(
     steps: int | None, out: Path | None, device: str | None, threads: int | None = None
 ) -> RLConfig:
     """The demo's run: RLConfig's defaults, then DEMO_SETTINGS, then the options given."""
+    from leantrain.rl.config import RLConfig
+
     out = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    options = {"steps": steps, "out": out, "device": device, "threads": threads}
-    given = {key: value for key, value in options.items() if value is not None}
-    return load_config(None, **{**DEMO_SETTINGS, **given})
+    given = shortcut_overrides(steps=steps, out=out, device=device, threads=threads)
+    return load_settings(RLConfig, None, **{**DEMO_SETTINGS, **given})
 
 
-def _train_and_report(cfg: Any, *, resume: bool) -> None:
+def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
     from leantrain.rl.grpo import GRPORun  # heavy imports only once arguments are valid
 
     quiet_libraries()

@@ -10,9 +10,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from leantrain.cli.common import ConfigOpt, OutOpt, console, quiet_libraries, user_errors_exit_2
-from leantrain.config import load_settings
+from leantrain.cli.common import (
+    ConfigOpt,
+    OutOpt,
+    OverrideOpt,
+    StepsOpt,
+    command_settings,
+    console,
+    quiet_libraries,
+    user_errors_exit_2,
+)
 from leantrain.errors import LeantrainError
+from leantrain.safety.config import AuditConfig, ElicitConfig, UnlearnConfig
 
 elicit_app = typer.Typer(
     help="Sandbagging elicitation: password-lock the tiny model, then try to unlock it.",
@@ -39,14 +48,14 @@ def unlearn(
     ] = None,
     out: OutOpt = None,
     config: ConfigOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Unlearning steps.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
+    override: OverrideOpt = None,
+    steps: StepsOpt = None,
 ) -> None:
     """Unlearn the private-facts forget set from the memorised tiny model; model folder to --out."""
-    from leantrain.safety.unlearn import UnlearnConfig, unlearn_to_folder
+    from leantrain.safety.unlearn import unlearn_to_folder
 
     out = _need_out(out)
-    cfg = load_settings(UnlearnConfig, config, method=method, steps=steps, lr=lr)
+    cfg = command_settings(UnlearnConfig, config, override, method=method, steps=steps)
     quiet_libraries()
     summary = unlearn_to_folder(cfg, out)
     console.print(
@@ -62,18 +71,19 @@ def audit(
     ] = None,
     out: OutOpt = None,
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     baselines: Annotated[
         bool, typer.Option(help="Also audit the memorised and the retain-only models.")
     ] = True,
 ) -> None:
     """Attack an unlearned model (direct, in-context, relearn, probes); report to --out."""
-    from leantrain.safety.audit import AuditConfig, audit_folders, markdown_table, write_report
+    from leantrain.safety.audit import audit_folders, markdown_table, write_report
     from leantrain.safety.memorise import ensure_memorised, recipe_of
 
     if model is None or not model.is_dir():
         raise LeantrainError(f"--model must be a model folder, got {model}")
     out = _need_out(out)
-    cfg = load_settings(AuditConfig, config)
+    cfg = command_settings(AuditConfig, config, override)
     quiet_libraries()
     recipe = recipe_of(model)
     folders = {str(model): model}
@@ -89,16 +99,13 @@ def audit(
 
 @elicit_app.command("lock")
 @user_errors_exit_2
-def elicit_lock(
-    out: OutOpt = None,
-    config: ConfigOpt = None,
-    steps: Annotated[int | None, typer.Option(help="Locking SFT steps.")] = None,
-) -> None:
-    """Password-lock the tiny model: full skill with the password, sandbagging without it."""
-    from leantrain.safety.elicit import ElicitConfig, lock
+def elicit_lock(out: OutOpt = None, config: ConfigOpt = None, override: OverrideOpt = None) -> None:
+    """Password-lock the tiny model: full skill with the password, sandbagging without it (the
+    locking SFT's length: -o lock_steps=N)."""
+    from leantrain.safety.elicit import lock
 
     out = _need_out(out)
-    cfg = load_settings(ElicitConfig, config, lock_steps=steps)
+    cfg = command_settings(ElicitConfig, config, override)
     quiet_libraries()
     info = lock(cfg, out)
     table = Table(title=f"password-locked model: {out}", show_header=False)
@@ -117,16 +124,17 @@ def elicit_run(
     ] = None,
     out: OutOpt = None,
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
 ) -> None:
     """Elicit a locked model without its password: SFT on weak demos, RL on a weak grader, both."""
-    from leantrain.safety.elicit import STRATEGIES, ElicitConfig, elicit
+    from leantrain.safety.elicit import STRATEGIES, elicit
 
     if strategy not in STRATEGIES:
         raise LeantrainError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if locked is None:
         raise LeantrainError("--locked is required (a folder written by `leantrain elicit lock`)")
     out = _need_out(out)
-    cfg = load_settings(ElicitConfig, config)
+    cfg = command_settings(ElicitConfig, config, override)
     quiet_libraries()
     summary = elicit(cfg, locked, strategy, out)  # type: ignore[arg-type]
     lock_info = json.loads((locked / "lock.json").read_text())

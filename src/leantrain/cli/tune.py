@@ -24,17 +24,18 @@ from leantrain.cli.common import (
     DeviceOpt,
     ModelOpt,
     OutOpt,
+    OverrideOpt,
     SeedOpt,
     StepsOpt,
+    command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
 
 if TYPE_CHECKING:  # heavy imports wait until the arguments are valid
-    from leantrain.memory.sft import TuneConfig
+    from leantrain.memory.config import TuneConfig
 
 DataOpt = Annotated[
     Path | None,
@@ -58,6 +59,7 @@ def register(app: typer.Typer) -> None:
 @user_errors_exit_2
 def tune(
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     data: DataOpt = None,
     method: MethodOpt = None,
     model: ModelOpt = None,
@@ -68,33 +70,37 @@ def tune(
     sequence_parallel: ParallelOpt = 1,
 ) -> None:
     """Supervised fine-tuning; writes metrics, a plot, completions and a summary to --out."""
-    from leantrain.memory.sft import TuneConfig
+    from leantrain.memory.config import TuneConfig
 
-    overrides = {
+    options = {
         "data": data,
         "method": method,
-        "model.name": model,
+        "model": model,
         "steps": steps,
         "out": out,
         "device": device,
         "seed": seed,
     }
-    cfg = load_settings(TuneConfig, config, **overrides)
+    cfg = command_settings(TuneConfig, config, override, **options)
     if cfg.data is not None and not Path(cfg.data).is_file():
         raise LeantrainError(f"data: file not found: {cfg.data}")
     if sequence_parallel > 1 and "WORLD_SIZE" not in os.environ:
-        _launch(sequence_parallel, config, overrides)
+        _launch(sequence_parallel, config, override or [], options)
         return
     _train_and_report(cfg, sequence_parallel)
 
 
-def _launch(processes: int, config: Path | None, overrides: dict[str, object]) -> None:
-    """Run this command again under torchrun with `processes` ranks, and wait for it."""
-    flags = {"model.name": "--model"}
+def _launch(
+    processes: int, config: Path | None, override: list[str], options: dict[str, object]
+) -> None:
+    """Run this command again, with the same options, under torchrun with `processes` ranks,
+    and wait for it."""
     argv = [] if config is None else ["--config", str(config)]
-    for key, value in overrides.items():
+    for name, value in options.items():
         if value is not None:
-            argv += [flags.get(key, f"--{key}"), str(value)]
+            argv += [f"--{name}", str(value)]
+    for item in override:
+        argv += ["--override", item]
     command = [
         sys.executable,
         "-m",

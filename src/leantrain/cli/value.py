@@ -15,12 +15,13 @@ from leantrain.cli.common import (
     DeviceOpt,
     ModelOpt,
     OutOpt,
+    OverrideOpt,
     SeedOpt,
+    command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
 
 value_app = typer.Typer(
@@ -43,6 +44,7 @@ def value(
         Path | None, typer.Option("--valid", help="Validation rows (default: a split of --data).")
     ] = None,
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     model: ModelOpt = None,
     out: OutOpt = None,
     device: DeviceOpt = None,
@@ -51,10 +53,20 @@ def value(
     """Per-row scores (CSV, JSON), prices, the Merkle root and an HTML report, written to --out."""
     if ctx.invoked_subcommand is not None:
         return
-    from leantrain.data.valuation import ValueConfig, run_valuation  # heavy imports after parsing
+    from leantrain.data.config import ValueConfig
+    from leantrain.data.valuation import run_valuation  # heavy imports after parsing
 
-    overrides = {"data": data, "valid": valid, "model.name": model, "out": out, "device": device}
-    cfg = load_settings(ValueConfig, config, **overrides, seed=seed)
+    cfg = command_settings(
+        ValueConfig,
+        config,
+        override,
+        data=data,
+        valid=valid,
+        model=model,
+        out=out,
+        device=device,
+        seed=seed,
+    )
     if cfg.data is None:
         raise LeantrainError("value: give --data FILE.jsonl (rows with prompt and answer)")
     quiet_libraries()

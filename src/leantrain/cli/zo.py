@@ -13,13 +13,14 @@ from leantrain.cli.common import (
     DeviceOpt,
     ModelOpt,
     OutOpt,
+    OverrideOpt,
     SeedOpt,
     StepsOpt,
+    command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
 
 
@@ -30,6 +31,7 @@ def register(app: typer.Typer) -> None:
 @user_errors_exit_2
 def zo(
     config: ConfigOpt = None,
+    override: OverrideOpt = None,
     model: ModelOpt = None,
     steps: StepsOpt = None,
     out: OutOpt = None,
@@ -42,29 +44,24 @@ def zo(
             help="Your JSONL: {prompt, completion} or {text} per line; replaces the config's task.",
         ),
     ] = None,
-    engine: Annotated[
-        str | None, typer.Option(help="inference (ours) or reference (MeZO's loop).")
-    ] = None,
 ) -> None:
     """Fine-tune with forward passes only (MeZO/SPSA); writes metrics, plot, summary and the
     model (an HF folder) to --out."""
     from leantrain.zo.config import ZOConfig
 
-    if data is not None and not data.is_file():
-        raise LeantrainError(f"data file not found: {data}")
-    cfg = load_settings(
+    cfg = command_settings(
         ZOConfig,
         config,
-        **{
-            "model.name": model,
-            "steps": steps,
-            "out": out,
-            "device": device,
-            "seed": seed,
-            "data": data,
-            "zo.engine": engine,
-        },
+        override,
+        model=model,
+        steps=steps,
+        out=out,
+        device=device,
+        seed=seed,
+        data=data,
     )
+    if cfg.data is not None and not cfg.data.is_file():
+        raise LeantrainError(f"data file not found: {cfg.data}")
     from leantrain.zo.run import ZORun  # heavy imports only once arguments are valid
 
     quiet_libraries()

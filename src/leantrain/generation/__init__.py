@@ -11,8 +11,9 @@ from leantrain.generation.backend import (
     require,
     weights_snapshot,
 )
+from leantrain.generation.config import SamplingParams
 from leantrain.generation.engine import Engine
-from leantrain.generation.sampling import SamplingParams, sample
+from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 import torch
 
 from leantrain.errors import LeantrainError
-from leantrain.generation.sampling import SamplingParams
+from leantrain.generation.config import SamplingParams
 
 FinishReason = Literal["eos", "stop", "length"]
 

@@ -50,8 +50,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
+from leantrain.generation.config import SamplingParams
 from leantrain.generation.kv_cache import RoomyCache
-from leantrain.generation.sampling import SamplingParams, sample
+from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator, verify
 
 

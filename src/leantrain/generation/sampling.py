@@ -1,4 +1,5 @@
-"""Sampling parameters and the per-step sampler: temperature, top-k, top-p, greedy.
+"""The per-step sampler: temperature, top-k, top-p, greedy (the parameters: `SamplingParams`,
+generation/config.py).
 
 The logprob returned for each sampled token is the behaviour logprob the trainer recomputes:
 `log_softmax(logits / temperature)` of that token (temperature 1 when greedy), taken BEFORE
@@ -8,61 +9,10 @@ top-k/top-p filtering, so it never depends on the truncation and is never -inf.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from leantrain.errors import LeantrainError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one response.
-
-    Attributes:
-        max_new_tokens: most response tokens per prompt (finish reason "length").
-        temperature: softmax temperature; 0 means greedy (argmax).
-        top_p: nucleus sampling: keep the smallest set of top tokens with this much mass; 1 = off.
-        top_k: keep only the k most likely tokens; 0 = off.
-        stop: stop strings; a response ends with the token that completes one (reason "stop").
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        def bad(field: str, expected: str) -> LeantrainError:
-            return LeantrainError(
-                f"SamplingParams.{field} must be {expected}, got {getattr(self, field)!r}"
-            )
-
-        def is_int(x: object) -> bool:
-            return isinstance(x, int) and not isinstance(x, bool)
-
-        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", "an int >= 1")
-        if not isinstance(self.temperature, (int, float)) or not (
-            math.isfinite(self.temperature) and self.temperature >= 0
-        ):
-            raise bad("temperature", "a finite number >= 0 (0 = greedy)")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise bad("top_p", "a number in (0, 1] (1 = off)")
-        if not is_int(self.top_k) or self.top_k < 0:
-            raise bad("top_k", "an int >= 0 (0 = off)")
-        # A bare string is a common slip (stop="\n"); iterating it would stop on every character.
-        if not isinstance(self.stop, (tuple, list)) or not all(
-            isinstance(s, str) and s for s in self.stop
-        ):
-            raise bad("stop", "a tuple of non-empty strings")
-        object.__setattr__(self, "stop", tuple(self.stop))
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding takes the argmax (temperature 0)."""
-        return self.temperature == 0
+from leantrain.generation.config import SamplingParams
 
 
 def sample(

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from leantrain.generation.sampling import SamplingParams, inverse_cdf, sampling_distribution
+from leantrain.generation.config import SamplingParams
+from leantrain.generation.sampling import inverse_cdf, sampling_distribution
 
 
 class SeqView(Protocol):

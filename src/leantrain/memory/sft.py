@@ -8,7 +8,8 @@ shared loop). Accuracy on held-out prompts (greedy decoding, scored by the task,
 for JSONL rows) is measured before and after. The run folder gets metrics.jsonl, metrics.png,
 summary.json and completions.jsonl.
 
-    from leantrain.memory.sft import SFTRun, TuneConfig
+    from leantrain.memory.config import TuneConfig
+    from leantrain.memory.sft import SFTRun
     summary = SFTRun(TuneConfig(method="lars", steps=100)).run()
 
 Knows nothing about how several processes split a sequence: a sequence-parallel launcher passes
@@ -26,15 +27,14 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.config import ModelConfig, Strict
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
+from leantrain.memory.config import TuneConfig
 from leantrain.memory.kernels import apply_lean_kernels
 from leantrain.memory.lars import apply_lars
 from leantrain.models import encode_prompt, load_model, pick_device
@@ -46,82 +46,9 @@ from leantrain.training.logprobs import label_logprobs
 from leantrain.training.run_folder import RunFolder
 from leantrain.training.sft import SFTLoop, StepStats
 
-Method = Literal["full", "lora", "lars", "lora+lars"]
 Pair = tuple[list[int], list[int]]
 PLOT_KEYS = ("loss", "grad_norm", "lr", "step_s")
 _EVAL_SEED_OFFSET = 1_000_003
-# Every projection of a Llama/Qwen-style decoder layer.
-LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoraSettings(Strict):
-    r: int = Field(8, ge=1, description="LoRA rank: adapter size; higher learns more, costs more.")
-    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (update x alpha / r).")
-
-
-class LarsSettings(Strict):
-    rank: int = Field(
-        8,
-        ge=1,
-        description="Rank of the saved activation subspace. Memory per token per layer is rank "
-        "numbers instead of the layer's input width; the gradient is exact at rank >= that width.",
-    )
-
-
-class TuneConfig(Strict):
-    """An SFT run: `leantrain tune --config FILE` loads one of these."""
-
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    task: str = Field(
-        "sentiment", description="Built-in task whose worked solutions are the training data."
-    )
-    task_options: dict[str, Any] = Field(
-        default_factory=dict, description="Task constructor options, e.g. {max_words: 3}."
-    )
-    data: Path | None = Field(
-        None,
-        description="JSONL of {prompt, completion} rows to train on instead of the task; the "
-        "last `eval_size` rows are held out and scored by exact match.",
-    )
-    method: Method = Field(
-        "lars",
-        description="full: every weight (most memory); lora: peft adapters (few parameters, but "
-        "activations still grow with length); lars: full weights of `targets` with activations "
-        "saved at low rank (and the lean kernels, see lean_kernels); lora+lars: LoRA with "
-        "LARS-compressed adapter inputs.",
-    )
-    targets: list[str] = Field(
-        default_factory=lambda: list(LLAMA_PROJECTIONS),
-        description="Linear layers LoRA and LARS adapt (module name endings).",
-    )
-    lora: LoraSettings = Field(default_factory=LoraSettings)
-    lars: LarsSettings = Field(default_factory=LarsSettings)
-    lean_kernels: bool | None = Field(
-        None,
-        description="Swap the gated MLP's SiLU product and the RMSNorms for kernels that keep "
-        "fewer tensors for backward (exact gradients; `leantrain.memory.kernels`). null: on "
-        "for lars and lora+lars, off for full and lora, which stay the stock baselines.",
-    )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute each layer in backward: less memory, about 30% more time."
-    )
-    steps: int = Field(100, ge=0, description="Optimizer steps.")
-    batch_size: int = Field(32, ge=1, description="Examples per optimizer step.")
-    chunks: int = Field(1, ge=1, description="Forward passes per step (memory vs speed).")
-    lr: float = Field(
-        2e-3,
-        gt=0,
-        description="Peak AdamW learning rate (linear warm-up, cosine to 10%). LoRA and small "
-        "models take larger rates than full fine-tuning of big ones.",
-    )
-    warmup_steps: int = Field(5, ge=0, description="Linear learning-rate warm-up.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
-    eval_size: int = Field(200, ge=1, description="Held-out prompts for accuracy before/after.")
-    max_new_tokens: int = Field(16, ge=1, description="Greedy response cap when evaluating.")
-    seed: int = Field(0, description="Seeds data, initialization and adapters.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA if any.")
-    out: Path = Field(Path("runs/tune"), description="Run folder: metrics, plot, summary.")
-    log_completions: int = Field(4, ge=0, description="Held-out completions kept after training.")
 
 
 class StepHooks:

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.rl.buffer import Published, WeightStore
+from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 
 

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from leantrain.config import RLConfig
 from leantrain.rl.buffer import Published
+from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 
 

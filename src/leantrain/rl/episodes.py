@@ -290,7 +290,7 @@ class EpisodeRunner:
             max_new = min(params.max_new_tokens, max(budget - ep.used for ep in live))
             completions = self.engine.generate(
                 [ep.context for ep in live],
-                replace(params, max_new_tokens=max_new, stop=stop),
+                params.model_copy(update={"max_new_tokens": max_new, "stop": stop}),
                 seed=None if seed is None else seed + turn * _TURN_SEED_STRIDE,
                 progress=progress,
                 # Text episodes call the engine exactly as before (any `generate` will do).

@@ -14,9 +14,10 @@ in every `orchestrator.mode`: in sync mode the trainer's own source generates ea
 async or partial mode sources in workers run ahead of the learner. This file sets them up, runs
 the loop, evaluates before and after, logs every step and checkpoints.
 
-    from leantrain.config import load_config
+    from leantrain.rl.config import RLConfig
     from leantrain.rl.grpo import GRPORun
-    summary = GRPORun(load_config("configs/tiny-arith.yaml", steps=20)).run()
+    from leantrain.settings import load_settings
+    summary = GRPORun(load_settings(RLConfig, "configs/tiny-arith.yaml", steps=20)).run()
 
 Set-up order matters: model before learner (its optimizer holds the parameters; a frozen vision
 tower holds no state), learner before resume (resume restores its state), task before the
@@ -38,11 +39,10 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import ProcessorMixin
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import SamplingParams
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
+from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
 from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.packing import token_metrics
@@ -180,7 +180,7 @@ class GRPORun:
     def evaluate(self, examples: list[Example] | None = None) -> float:
         """Greedy accuracy on the held-out problems (or `examples`)."""
         examples = self.heldout if examples is None else examples
-        params = SamplingParams(max_new_tokens=self.config.sampling.max_new_tokens, temperature=0)
+        params = self.config.sampling.model_copy(update={"temperature": 0.0})  # greedy
         prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
         with self.source.autocast():
             images = self.source.image_inputs(examples)

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.generation.backend import weights_snapshot
 from leantrain.rl.advantages import group_advantages
+from leantrain.rl.config import RLConfig
 from leantrain.rl.losses import policy_loss
 from leantrain.rl.off_policy import correction_inputs
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs

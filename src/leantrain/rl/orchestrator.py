@@ -44,9 +44,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import BatchBuffer, Published, RolloutBatch, StallError, WeightStore
+from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
 from leantrain.rl.rollout import RolloutSource
 from leantrain.rl.rollout_worker import FaultPlan

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import Published
+from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 
 

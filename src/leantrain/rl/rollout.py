@@ -18,28 +18,21 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
-from leantrain.generation import Backend, Completion, Engine, SamplingParams, Speculator, require
+from leantrain.generation import Backend, Completion, Engine, Speculator, require
 from leantrain.models import encode_prompt
 from leantrain.models.vision import encode_image_prompt
+from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
 from leantrain.rl.trajectory import Trajectory
 from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
-from leantrain.tasks.rewards import RewardWeights, score_safely
+from leantrain.tasks.config import RewardWeights
+from leantrain.tasks.rewards import score_safely
 
 # Seed streams: training prompts and sampling never share a seed (held-out prompts: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003
 _SAMPLING_SEED_OFFSET = 7_919
-
-
-def sampling_params(config: RLConfig) -> SamplingParams:
-    """The rollout engine's sampling settings from the run config."""
-    s = config.sampling
-    return SamplingParams(
-        max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-    )
 
 
 def compute_autocast(config: RLConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -176,7 +169,6 @@ class RolloutSource:
         self.device = device
         self.processor = processor
         self.long_tail = long_tail
-        self.sampling = sampling_params(config)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return compute_autocast(self.config, self.device)
@@ -208,7 +200,7 @@ class RolloutSource:
         capture = {} if self.long_tail is None else {"return_hidden_states": self.long_tail.capture}
         with self.autocast():
             completions = self.backend.generate(
-                batch, self.sampling, seed=seed, **capture, **images
+                batch, self.config.sampling, seed=seed, **capture, **images
             )
         if self.long_tail is not None:
             self.long_tail.observe(step, completions)  # the drafter's training data

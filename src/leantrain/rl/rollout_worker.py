@@ -17,16 +17,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from leantrain.config import RLConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion
 from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
+from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout import RolloutSource, rollout_backend
 from leantrain.tasks import make_task
 
@@ -135,10 +135,10 @@ class RolloutWorker:
     ) -> tuple[list[Completion], list[list[int]], float]:
         """Partial mode: decode `segment_tokens` at a time, switching to newer weights between
         segments. Returns the completions, each token's version, and seconds spent loading."""
-        sampling = self.source.sampling
+        sampling = self.config.sampling
         budget = sampling.max_new_tokens
         segment_tokens = min(budget, self.config.orchestrator.segment_tokens)
-        segment = replace(sampling, max_new_tokens=segment_tokens)
+        segment = sampling.model_copy(update={"max_new_tokens": segment_tokens})
         partial = [Completion(list(p), [], [], "length") for p in prompts]
         versions: list[list[int]] = [[] for _ in prompts]
         sync_s = 0.0

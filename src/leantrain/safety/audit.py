@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.config import Strict
 from leantrain.models import load_model
 from leantrain.safety.attacks import (
     extraction_rate,
@@ -26,34 +24,9 @@ from leantrain.safety.attacks import (
     relearn,
     truth_ratios,
 )
+from leantrain.safety.config import AuditConfig
 from leantrain.safety.corpus import CITIES, PrivateFacts
 from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
-
-
-class AuditConfig(Strict):
-    """Strength of the attacks (defaults calibrated on the memorised tiny model: see fields)."""
-
-    relearn_steps: int = Field(
-        40,
-        ge=1,
-        description="Fine-tuning steps of the relearning attack (full batch each). With the "
-        "default lr, 40 relearn the attack people's facts without disturbing the others on the "
-        "memorised model (forget_eval extraction stays at 96%).",
-    )
-    relearn_lr: float = Field(
-        1e-4,
-        gt=0.0,
-        description="Learning rate of the relearning attack; 1e-3 (20 steps) overfits the 24 "
-        "attack facts: on a model that knew every forget_eval fact it left 42% of them.",
-    )
-    shots: int = Field(
-        1,
-        ge=1,
-        description="Known facts before the question (in-context attack). The memorised model "
-        "saw one-shot layouts in training; at 2 or more shots it no longer answers at all.",
-    )
-    seed: int = Field(0, description="Seeds the relearning attack.")
-
 
 COLUMNS = {  # result key -> table header
     "direct": "direct",

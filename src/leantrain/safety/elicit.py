@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.config import RLConfig, Strict, load_settings
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model
+from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
+from leantrain.safety.config import ElicitConfig
 from leantrain.safety.sandbag import (
     PASSWORD,
     WeakGraderArith,
@@ -31,6 +31,7 @@ from leantrain.safety.sandbag import (
     weak_solution,
 )
 from leantrain.safety.training import greedy_answers, save_model, sft
+from leantrain.settings import load_settings
 from leantrain.tasks import Example
 
 Strategy = Literal["sft", "rl", "sft+rl"]
@@ -39,38 +40,6 @@ STRATEGIES: tuple[str, ...] = ("sft", "rl", "sft+rl")
 # Seed streams: lock training, demonstrations and held-out problems never share problems.
 _DEMO_SEED_OFFSET = 1
 _EVAL_SEED_OFFSET = 10_007
-
-
-class ElicitConfig(Strict):
-    """The sandbagging experiment (defaults sized for the tiny model on a CPU)."""
-
-    min_items: int = Field(3, ge=2, description="Shortest `arith` list.")
-    max_items: int = Field(5, ge=2, description="Longest `arith` list (short: cheap RL).")
-    weak_slip_rate: float = Field(
-        0.75,
-        ge=0.0,
-        le=1.0,
-        description="Share of the weak demonstrator's solutions with one arithmetic slip; higher "
-        "makes its demonstrations worse. 0.75 (a quarter right) keeps the demonstrator below "
-        "the tiny model's own skill (about 45% on 3-5 numbers).",
-    )
-    lock_steps: int = Field(300, ge=1, description="SFT steps that password-lock the model.")
-    lock_lr: float = Field(1e-3, gt=0.0, description="Learning rate of the locking SFT.")
-    n_demos: int = Field(64, ge=1, description="Weak demonstrations SFT elicitation trains on.")
-    sft_steps: int = Field(40, ge=1, description="SFT elicitation steps (batches of 32).")
-    sft_lr: float = Field(5e-4, gt=0.0, description="SFT elicitation learning rate.")
-    rl_steps: int = Field(20, ge=1, description="GRPO steps against the weak grader.")
-    rl_lr: float = Field(5e-5, gt=0.0, description="GRPO learning rate.")
-    prompts_per_step: int = Field(16, ge=1, description="GRPO prompts per step.")
-    group_size: int = Field(8, ge=2, description="GRPO samples per prompt.")
-    max_new_tokens: int = Field(48, ge=8, description="Response cap (a 5-item sum needs ~40).")
-    eval_size: int = Field(100, ge=1, description="Held-out problems for every accuracy.")
-    seed: int = Field(0, description="Seeds problems, demonstrations and training.")
-    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="Where RL runs.")
-
-
-def load_elicit_config(path: Path | None, **overrides: Any) -> ElicitConfig:
-    return load_settings(ElicitConfig, path, **overrides)
 
 
 def _task(config: ElicitConfig) -> WeakGraderArith:

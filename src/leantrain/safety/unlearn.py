@@ -17,7 +17,8 @@ One loss function per method, chosen by name (`LOSSES`); the loop around them is
 
 Simplified against the papers: GA, GradDiff and NPO train every parameter, the RMU variants every
 block up to their deepest constrained layer (RMU updates three MLPs); no early stopping, one
-constant learning rate. Steps, learning rate and retain weight are tuned per method (`TUNED`).
+constant learning rate. Steps, learning rate and retain weight are tuned per method (`TUNED`,
+safety/config.py).
 """
 
 from __future__ import annotations
@@ -29,81 +30,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.config import Strict
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model
 from leantrain.models.finetune import IGNORE, completion_chunks
+from leantrain.safety.config import UnlearnConfig
 from leantrain.safety.corpus import PrivateFacts
 from leantrain.safety.memorise import MemoriseRecipe, ensure_memorised
 from leantrain.safety.training import encode_pairs, save_model
 from leantrain.telemetry import JsonlSink, plot_metrics
 from leantrain.training.logprobs import label_logprobs
 from leantrain.training.sft import SFTLoop
-
-Method = Literal["ga", "graddiff", "npo", "rmu", "rmu_multilayer"]
-METHODS: tuple[str, ...] = ("ga", "graddiff", "npo", "rmu", "rmu_multilayer")
-
-
-# Per method: the steps, learning rate and retain weight that remove the built-in corpus's forget
-# set from the memorised tiny model (direct extraction near the retain-only model's chance level)
-# with the most retain utility left, picked from a small grid (steps 10-80, lr 3e-5 to 1e-3,
-# retain weight 1-100; docs/benchmarks.md has the figures). One shared setting cannot serve them
-# all: at 40 steps x 1e-3, GA, GradDiff and RMU wiped the retain set too. GA has no retain term and
-# costs most of the utility whatever its setting; RMU's state-matching term needs a large weight
-# against the misdirection term's scale.
-TUNED: dict[str, dict[str, float]] = {
-    "ga": {"steps": 40, "lr": 1e-4, "retain_weight": 0.0},
-    "graddiff": {"steps": 60, "lr": 3e-4, "retain_weight": 4.0},
-    "npo": {"steps": 60, "lr": 5e-4, "retain_weight": 4.0},
-    "rmu": {"steps": 80, "lr": 1e-3, "retain_weight": 30.0},
-    "rmu_multilayer": {"steps": 80, "lr": 1e-3, "retain_weight": 30.0},
-}
-_TUNED_NOTE = " Default: the method's tuned value (`TUNED`)."
-
-
-class UnlearnConfig(Strict):
-    """How to unlearn the forget set. `steps`, `lr` and `retain_weight` default to the values
-    tuned for each method on the tiny model and the built-in corpus (`TUNED`)."""
-
-    method: Method = Field("npo", description="ga, graddiff, npo, rmu or rmu_multilayer.")
-    steps: int = Field(
-        int(TUNED["npo"]["steps"]),
-        ge=1,
-        description="Optimizer steps; more forgets more and costs more retain utility."
-        + _TUNED_NOTE,
-    )
-    lr: float = Field(TUNED["npo"]["lr"], gt=0.0, description="AdamW learning rate." + _TUNED_NOTE)
-    batch_size: int = Field(16, ge=1, description="Forget (and retain) facts per step.")
-    retain_weight: float = Field(
-        TUNED["npo"]["retain_weight"],
-        ge=0.0,
-        description="Weight of the retain term (graddiff, npo, rmu variants)." + _TUNED_NOTE,
-    )
-    npo_beta: float = Field(
-        0.1, gt=0.0, description="NPO temperature; small beta behaves like gradient ascent."
-    )
-    rmu_layer: int = Field(
-        2, ge=1, description="Layer (1 = first block's output) whose states `rmu` misdirects."
-    )
-    rmu_steer: float = Field(
-        4.0, gt=0.0, description="RMU target norm, in multiples of the layer's mean state norm."
-    )
-    seed: int = Field(0, description="Seeds batch order and the RMU direction.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _tuned_defaults(cls, data: Any) -> Any:
-        """Settings left out take the chosen method's tuned values."""
-        if isinstance(data, dict):
-            return {**TUNED.get(data.get("method", "npo"), {}), **data}
-        return data
 
 
 @dataclass

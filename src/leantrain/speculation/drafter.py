@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
 from leantrain.errors import LeantrainError
-from leantrain.generation.sampling import SamplingParams, inverse_cdf
+from leantrain.generation.config import SamplingParams
+from leantrain.generation.sampling import inverse_cdf
 from leantrain.generation.speculative import Draft, SeqView
 
 

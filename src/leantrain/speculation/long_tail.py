@@ -19,8 +19,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.config import SpeculativeConfig
 from leantrain.generation import Completion
+from leantrain.speculation.config import SpeculativeConfig
 from leantrain.speculation.drafter import EagleDrafter
 from leantrain.speculation.speculator import BanditSpeculator, Drafter
 from leantrain.speculation.spot_trainer import HiddenBuffer, SpotTrainer, ensure_drafter

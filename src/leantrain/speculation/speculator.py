@@ -16,11 +16,11 @@ from typing import Protocol
 
 import torch
 
-from leantrain.config import SpeculativeConfig
 from leantrain.errors import LeantrainError
 from leantrain.generation.sampling import SamplingParams
 from leantrain.generation.speculative import Draft, SeqView
 from leantrain.speculation.bandit import Arm, BucketedEpsilonGreedy
+from leantrain.speculation.config import SpeculativeConfig
 
 
 class Drafter(Protocol):

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Completion, Engine, weights_snapshot
-from leantrain.generation.sampling import SamplingParams
+from leantrain.generation.config import SamplingParams
 from leantrain.models import encode_prompt, leantrain_home, resolve_model_path
 from leantrain.models.build_cache import build_once, recipe_hash
 from leantrain.speculation.drafter import EagleDrafter, drafter_loss

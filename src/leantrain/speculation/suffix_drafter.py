@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from leantrain.generation.sampling import SamplingParams
+from leantrain.generation.config import SamplingParams
 from leantrain.generation.speculative import Draft, SeqView
 
 

@@ -16,9 +16,10 @@ from leantrain.errors import LeantrainError
 from leantrain.tasks.arith import ArithTask
 from leantrain.tasks.base import REWARD_PARTS, Example, Task, check_parts, length_stats
 from leantrain.tasks.code import CodeTask
+from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.countdown import CountdownTask
 from leantrain.tasks.jsonl import JsonlTask
-from leantrain.tasks.rewards import RewardWeights, ScoreResult, score_safely, total
+from leantrain.tasks.rewards import ScoreResult, score_safely, total
 from leantrain.tasks.sentiment import SentimentTask
 from leantrain.tasks.tool_arith import ToolArithTask
 from leantrain.tasks.visual import VisualTask

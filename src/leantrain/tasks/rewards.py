@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from leantrain.config import RewardWeights
 from leantrain.tasks.base import Example, Task, check_parts
+from leantrain.tasks.config import RewardWeights
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from leantrain.config import ModelConfig, Strict
+from leantrain.models.config import ModelConfig
+from leantrain.settings import Strict
 
 
 class ZOTaskConfig(Strict):

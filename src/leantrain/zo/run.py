@@ -3,7 +3,7 @@ reference loop), on a built-in classification task or the user's own JSONL, with
 accuracy (or loss) before and after, run-folder outputs like `leantrain rl`, and the result saved
 as an ordinary Hugging Face folder.
 
-    from leantrain.config import load_settings
+    from leantrain.settings import load_settings
     from leantrain.zo.config import ZOConfig
     from leantrain.zo.run import ZORun
     summary = ZORun(load_settings(ZOConfig, "configs/tiny-zo.yaml", steps=50)).run()

@@ -2,24 +2,11 @@ from pathlib import Path
 
 import pytest
 
-from leantrain.config import load_settings
 from leantrain.errors import LeantrainError
-from leantrain.safety.audit import AuditConfig
-from leantrain.safety.elicit import ElicitConfig
-from leantrain.safety.unlearn import TUNED, UnlearnConfig
+from leantrain.safety.config import TUNED, ElicitConfig, UnlearnConfig
+from leantrain.settings import load_settings
 
 CONFIGS = Path(__file__).parents[2] / "configs"
-SHIPPED = [
-    ("unlearn-npo.yaml", UnlearnConfig),
-    ("unlearn-rmu-multilayer.yaml", UnlearnConfig),
-    ("audit.yaml", AuditConfig),
-    ("elicit-tiny.yaml", ElicitConfig),
-]
-
-
-@pytest.mark.parametrize(("name", "cls"), SHIPPED)
-def test_shipped_configs_load(name, cls):
-    assert isinstance(load_settings(cls, CONFIGS / name), cls)
 
 
 @pytest.mark.parametrize("name", ["unlearn-npo.yaml", "unlearn-rmu-multilayer.yaml"])
@@ -36,10 +23,10 @@ def test_unlearn_settings_default_to_the_methods_tuned_values():
             tuned["lr"],
             tuned["retain_weight"],
         )
-    # What the user sets wins over the tuned value, from Python or from the command line.
+    # What the user sets wins over the tuned value (on the command line: tests/cli/test_common.py).
     assert UnlearnConfig(method="rmu", lr=0.5).lr == 0.5
-    assert load_settings(UnlearnConfig, None, method="ga", steps=7, lr=None).steps == 7
-    assert load_settings(UnlearnConfig, None, method="ga", lr=None).lr == TUNED["ga"]["lr"]
+    assert load_settings(UnlearnConfig, None, method="ga", steps=7).steps == 7
+    assert load_settings(UnlearnConfig, None, method="ga").lr == TUNED["ga"]["lr"]
 
 
 def test_bad_fields_name_the_field():

@@ -1,85 +1,19 @@
-"""Run configuration: pydantic models shared by the CLI and the Python API. YAML files under
-`configs/` load into `RLConfig`; every field carries help text, and a bad value raises a
-`LeantrainError` that names the field and what was expected."""
+"""A GRPO run's settings: `leantrain rl --config FILE` loads an `RLConfig` (YAML files such as
+`configs/tiny-arith.yaml`); every field carries help text, and a bad value raises a
+`LeantrainError` that names the field."""
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from leantrain.errors import LeantrainError
-
-
-class Strict(BaseModel):
-    """Base of every config model: a misspelt key is an error, not a silently ignored setting."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-SettingsT = TypeVar("SettingsT", bound=BaseModel)
-
-
-class RewardWeights(BaseModel):
-    """Weight of each reward part in the total.
-
-    The defaults make a right answer (or a program that really ran and printed it) what counts,
-    with a small bonus for the format alone, which a policy learns first and which keeps a
-    learning signal in groups where no answer is right yet.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    format: float = Field(0.1, description="response follows the task's format")
-    answer: float = Field(1.0, description="final answer is right")
-    tool: float = Field(1.0, description="tool call (code) really ran and gave the right result")
-
-
-class ModelConfig(Strict):
-    name: str = Field(
-        "tiny",
-        description="Preset (`tiny`, `tiny-tools`, `tiny-vl`, `smollm2-135m`) or a local HF "
-        "folder (a causal LM, or a VLM saved with its processor).",
-    )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto",
-        description="Compute dtype (weights stay float32): `auto` is bfloat16 autocast on CUDA "
-        "and float32 on CPU.",
-    )
-    freeze_vision: bool = Field(
-        False,
-        description="Vision-language models only: keep the vision tower's weights fixed during "
-        "RL (the projector and the LM still train). Saves its gradients and optimizer state and "
-        "keeps the image features the warm start learned; off lets RL adapt the reading too.",
-    )
-
-
-class TaskConfig(Strict):
-    name: str = Field("arith", description="Task: arith, countdown, code or jsonl.")
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Task constructor options, e.g. {max_items: 16}."
-    )
-    reward_weights: RewardWeights = Field(
-        default_factory=RewardWeights,
-        description="Weight of each reward part (format, answer, tool) in the total reward.",
-    )
-    eval_size: int = Field(
-        200, ge=1, description="Held-out problems for accuracy before/after (greedy decoding)."
-    )
-
-
-class SamplingConfig(Strict):
-    max_new_tokens: int = Field(
-        320, ge=1, description="Response cap; longer responses finish with reason `length`."
-    )
-    temperature: float = Field(
-        0.7, ge=0.0, description="Sampling temperature; lower is safer, higher explores more."
-    )
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
+from leantrain.generation.config import SamplingParams
+from leantrain.models.config import ModelConfig
+from leantrain.settings import Strict
+from leantrain.speculation.config import SpeculativeConfig
+from leantrain.tasks.config import TaskConfig
 
 
 class GRPOConfig(Strict):
@@ -221,61 +155,12 @@ class OrchestratorConfig(Strict):
         return self
 
 
-DrafterType = Literal["suffix", "eagle"]
-
-
-class SpeculativeConfig(Strict):
-    """Speculative decoding in the rollouts' long tail (generation/speculative.py, TLT)."""
-
-    enabled: bool = Field(
-        False, description="Speculate in the long tail. Lossless, so it only changes speed."
-    )
-    threshold: int = Field(
-        8,
-        ge=1,
-        description="Speculate only while at most this many sequences are live. Above it a "
-        "batched step already keeps the hardware busy and verifying drafts costs real compute "
-        "(TLT uses 32 on GPUs; on a CPU the break-even batch is smaller).",
-    )
-    draft_lengths: list[int] = Field(
-        [2, 4, 6],
-        min_length=1,
-        description="Draft lengths the bandit chooses from (0 = an arm that does not "
-        "speculate). Longer drafts win when acceptance is high and lose when it is not.",
-    )
-    drafters: list[str] = Field(
-        ["suffix", "eagle"],
-        min_length=1,
-        description="Drafter types the bandit chooses from: `suffix` (model-free, from earlier "
-        "responses to the same prompt and recent steps; almost free per token) and `eagle` "
-        "(one-layer drafter over the target's hidden states, trained online).",
-    )
-    train_drafter: bool = Field(
-        False,
-        description="Train the EAGLE drafter online on the hidden states each rollout captures, "
-        "in a background thread, so it keeps up with the policy as RL changes it.",
-    )
-    epsilon: float = Field(
-        0.1, ge=0.0, le=1.0, description="Bandit exploration rate (TLT's default 0.1)."
-    )
-
-    @model_validator(mode="after")
-    def _check_arms(self) -> SpeculativeConfig:
-        if any(k < 0 for k in self.draft_lengths):
-            raise ValueError(f"draft_lengths must be >= 0, got {self.draft_lengths}")
-        known = typing.get_args(DrafterType)
-        unknown = set(self.drafters) - set(known)
-        if unknown:
-            raise ValueError(f"unknown drafters {sorted(unknown)}; known: {list(known)}")
-        return self
-
-
 class RLConfig(Strict):
     """A GRPO run: `leantrain rl --config FILE` loads one of these."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     speculative: SpeculativeConfig = Field(
@@ -319,50 +204,3 @@ class RLConfig(Strict):
                 f"(got {self.orchestrator.mode!r}); async rollout workers do not speculate yet"
             )
         return self
-
-
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: `source: field.path: message (got value)`."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-        lines.append(f"{source}: {loc}: {e['msg']}{got}")
-    return "\n".join(lines)
-
-
-def load_config(path: str | Path | None, **overrides: Any) -> RLConfig:
-    """Load a GRPO run config (or the defaults when `path` is None) and apply dotted overrides,
-    e.g. `load_config("configs/tiny-arith.yaml", steps=4, **{"model.name": "tiny"})`."""
-    return load_settings(RLConfig, path, **overrides)
-
-
-def load_settings(cls: type[SettingsT], path: str | Path | None, **overrides: Any) -> SettingsT:
-    """Load a YAML file into the pydantic model `cls` (its defaults when `path` is None), after
-    applying dotted overrides whose value is not None. Every area's config loads through here, so
-    a bad file or field always fails the same way: a LeantrainError naming the field."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        source = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise LeantrainError(f"config file not found: {p}")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise LeantrainError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise LeantrainError(f"{p}: expected a mapping of settings, got {type(data).__name__}")
-    for dotted, value in overrides.items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    try:
-        return cls.model_validate(data)
-    except ValidationError as e:
-        raise LeantrainError(format_validation_error(e, source)) from None
