@@ -1,3 +1,6 @@
+"""GRPO's arithmetic against closed-form values: group advantages, the policy losses and their
+normalisations, the off-policy corrections."""
+
 import itertools
 import math
 
@@ -8,9 +11,12 @@ from torch.testing import assert_close
 from leantrain.rl.losses import (
     LOSS_WEIGHTS,
     LossContext,
+    correction_inputs,
+    group_advantages,
     k3_kl,
     per_token_policy_loss,
     policy_loss,
+    truncated_is_loss,
 )
 
 
@@ -243,7 +249,7 @@ def test_bnpo_averages_micro_batch_token_means():
         ),
     ],
 )
-def test_bad_arguments_raise(kwargs, match):
+def test_bad_loss_arguments_raise(kwargs, match):
     args = {
         "logp": torch.zeros(6),
         "old_logp": torch.zeros(6),
@@ -260,3 +266,154 @@ def test_bad_arguments_raise(kwargs, match):
 def test_loss_context_rejects_an_empty_batch():
     with pytest.raises(ValueError, match="num_sequences"):
         LossContext(num_sequences=0, num_active_tokens=0)
+
+
+# ----------------------------------------------------------- advantages
+# Six trajectories in three groups with arbitrary, non-contiguous ids:
+#   group 7: indices 0, 1, 3 -> rewards 1, 0, 1   mean 2/3  centred  1/3, -2/3, 1/3
+#   group 3: indices 2, 4    -> rewards 0, 1      mean 1/2  centred -1/2,  1/2
+#   group 9: index 5         -> reward 0.5        a group of one, centred 0
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5])
+GROUP_IDS = torch.tensor([7, 7, 3, 7, 3, 9])
+CENTRED = torch.tensor([1 / 3, -2 / 3, -1 / 2, 1 / 3, 1 / 2, 0.0])
+EPS = 1e-4
+
+
+def test_scale_none_only_centres():
+    """Dr. GRPO: A_i = r_i - mean_group(r), no std and no eps."""
+    assert_close(group_advantages(REWARDS, GROUP_IDS, scale="none"), CENTRED)
+
+
+def test_scale_group_divides_by_unbiased_group_std():
+    """A_i = (r_i - mean_g) / (std_g + eps) with std_g = sqrt(sum (r - mean_g)^2 / (n_g - 1)):
+
+    group 7: sum of squares 1/9 + 4/9 + 1/9 = 2/3, over n - 1 = 2 -> std = sqrt(1/3)
+    group 3: 1/4 + 1/4 = 1/2, over 1 -> std = sqrt(1/2)
+    group 9: one member -> advantage 0
+    """
+    s7, s3 = math.sqrt(1 / 3), math.sqrt(1 / 2)
+    expected = torch.tensor(
+        [
+            (1 / 3) / (s7 + EPS),
+            (-2 / 3) / (s7 + EPS),
+            (-1 / 2) / (s3 + EPS),
+            (1 / 3) / (s7 + EPS),
+            (1 / 2) / (s3 + EPS),
+            0.0,
+        ]
+    )
+    assert_close(group_advantages(REWARDS, GROUP_IDS, scale="group", eps=EPS), expected)
+
+
+def test_group_std_is_torch_std_convention():
+    """The group std is torch.std (Bessel-corrected), as TRL's nanstd."""
+    advantages = group_advantages(REWARDS, GROUP_IDS, scale="group", eps=EPS)
+    group = REWARDS[[0, 1, 3]]
+    assert_close(advantages[[0, 1, 3]], (group - group.mean()) / (group.std() + EPS))
+
+
+def test_scale_batch_divides_by_unbiased_batch_std():
+    """A_i = (r_i - mean_g) / (std_batch + eps), std over all six raw rewards:
+
+    batch mean 7/12; deviations in twelfths 5, -7, -7, 5, 5, -1; squares sum 174/144;
+    variance = 174/144 / 5 = 29/120.
+    """
+    std = math.sqrt(29 / 120)
+    expected = CENTRED / (std + EPS)
+    assert_close(group_advantages(REWARDS, GROUP_IDS, scale="batch", eps=EPS), expected)
+    assert_close(REWARDS.std(), torch.tensor(std))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_groups_of_one_get_zero(scale):
+    """Every trajectory alone in its group: nothing to compare with, all advantages 0."""
+    advantages = group_advantages(torch.tensor([3.0, -1.0, 2.0]), torch.arange(3), scale=scale)
+    assert_close(advantages, torch.zeros(3))
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_equal_rewards_give_zero_not_nan(scale):
+    """A group whose rewards are all equal has std 0; eps keeps its advantage at 0."""
+    advantages = group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), scale=scale)
+    assert_close(advantages, torch.zeros(4))
+
+
+def test_integer_rewards_become_float():
+    advantages = group_advantages(torch.tensor([1, 0]), torch.tensor([0, 0]), scale="none")
+    assert_close(advantages, torch.tensor([0.5, -0.5]))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"scale": "global"}, "scale"),
+        ({"eps": 0.0}, "eps"),
+        ({"group_ids": torch.zeros(5, dtype=torch.long)}, "shape"),
+    ],
+)
+def test_bad_advantage_arguments_raise(kwargs, match):
+    args = {"rewards": REWARDS, "group_ids": GROUP_IDS, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        group_advantages(**args)
+
+
+# ---------------------------------------------------- off-policy corrections
+def test_truncated_is_loss_values_and_gradient():
+    """l = -min(r, cap) A, cap = 2, r = exp(logp - mu):
+
+    r=0.5, A=+1: -0.5, gradient dl/dlogp = -A r = -0.5
+    r=3.0, A=+1: -2.0 (capped), gradient 0
+    r=1.5, A=-2:  3.0, gradient -A r = 3.0
+    r=4.0, A=-1:  2.0 (capped), gradient 0: a stale token is never trusted beyond the cap
+    """
+    mu = torch.full((4,), -1.0)
+    logp = (mu + torch.tensor([0.5, 3.0, 1.5, 4.0]).log()).requires_grad_()
+    advantages = torch.tensor([1.0, 1.0, -2.0, -1.0])
+    loss, stats = truncated_is_loss(logp, mu, advantages, cap=2.0)
+    assert_close(loss, torch.tensor([-0.5, -2.0, 3.0, 2.0]))
+    assert stats["clipped_high"].tolist() == [False, True, False, True]
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([-0.5, 0.0, 3.0, 0.0]))
+
+
+def test_is_weight_scales_each_token_and_ignores_masked_ones():
+    """dapo weights 1/3 over 3 active tokens, on-policy (r = 1): l_t = -A_t c_t.
+
+    c = [2, 0.5, 1, inf(masked)], A = [1, 1, -1, 5] -> L = -(2 + 0.5 - 1) / 3 = -0.5.
+    The masked token's infinite weight must not turn the loss into NaN.
+    """
+    logp = torch.zeros(4)
+    ctx = LossContext(num_sequences=1, num_active_tokens=3)
+    loss, _ = policy_loss(
+        logp,
+        logp,
+        torch.tensor([1.0, 1.0, -1.0, 5.0]),
+        torch.tensor([1.0, 1.0, 1.0, 0.0]),
+        torch.zeros(4, dtype=torch.long),
+        ctx,
+        is_weight=torch.tensor([2.0, 0.5, 1.0, math.inf]),
+    )
+    assert_close(loss, torch.tensor(-0.5))
+
+
+def test_decoupled_uses_the_proximal_policy_and_caps_its_weight():
+    """pi_prox logprobs [-1, -0.5, -4] against mu [-1, -2, -3]: weights exp(prox - mu) =
+    [1, e^1.5 = 4.48, e^-1 = 0.37], the middle one capped at 3; the clip centres on pi_prox."""
+    mu = torch.tensor([-1.0, -2.0, -3.0])
+    prox = torch.tensor([-1.0, -0.5, -4.0])
+    extra = correction_inputs("decoupled", mu, lambda: prox, cap=3.0)
+    assert_close(extra["old_logp"], prox)
+    assert_close(extra["is_weight"], torch.tensor([1.0, 3.0, math.exp(-1.0)]))
+
+
+def test_tis_and_none_need_no_proximal_forward():
+    mu = torch.tensor([-1.0, -2.0, -3.0])
+
+    def forbidden():
+        raise AssertionError("no extra forward expected")
+
+    assert correction_inputs("tis", mu, forbidden, cap=2.0)["tis_cap"] == 2.0
+    none = correction_inputs("none", mu, forbidden, cap=2.0)
+    assert set(none) == {"old_logp"} and none["old_logp"] is mu
+    with pytest.raises(ValueError, match="must be one of"):
+        correction_inputs("vtrace", mu, forbidden, cap=2.0)

@@ -22,10 +22,8 @@ from typing import Any
 import torch
 
 from leantrain.generation.backend import weights_snapshot
-from leantrain.rl.advantages import group_advantages
 from leantrain.rl.config import RLConfig
-from leantrain.rl.losses import policy_loss
-from leantrain.rl.off_policy import correction_inputs
+from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs
 from leantrain.rl.rollout import compute_autocast
 from leantrain.rl.trajectory import Trajectory
@@ -88,7 +86,7 @@ class Learner:
     ) -> dict[str, float]:
         """`num_iterations` optimizer steps on one rollout batch; returns loss stats (of the last).
 
-        `correction` treats stale samples (see rl/off_policy.py); sync runs use "none".
+        `correction` treats stale samples (`rl.losses.CORRECTIONS`); sync runs use "none".
         """
         g = self.config.grpo
         rewards = torch.tensor([t.reward for t in trajectories])
@@ -114,8 +112,7 @@ class Learner:
         if not one_pass:
             self.model.eval()
             loss_inputs = [
-                correction_inputs(correction, mb.to(self.device), self._logprobs, is_cap)
-                for mb in batches
+                self._correction_inputs(correction, mb.to(self.device), is_cap) for mb in batches
             ]
         self.model.train()
         for _ in range(g.num_iterations):
@@ -127,7 +124,9 @@ class Learner:
                     logp = packed_logprobs(self.model, mb, self.logprob_temperature)
                     if extra is None:
                         prox = logp.detach()
-                        extra = correction_inputs(correction, mb, lambda _, p=prox: p, is_cap)
+                        extra = correction_inputs(
+                            correction, mb.old_logprobs, lambda p=prox: p, is_cap
+                        )
                     ref = None
                     if self.ref_model is not None:
                         with torch.no_grad():
@@ -172,10 +171,15 @@ class Learner:
         self.steps += 1  # a skipped update is still a step of the schedule
         return stats
 
-    def _logprobs(self, mb: PackedBatch) -> torch.Tensor:
-        """(R,) log-probabilities of `mb`'s response tokens under the current weights."""
-        with self.autocast():
-            return packed_logprobs(self.model, mb, self.logprob_temperature)
+    def _correction_inputs(self, correction: str, mb: PackedBatch, is_cap: float) -> dict:
+        """`policy_loss`'s correction arguments for `mb`, its proximal logprobs (R,) from one
+        forward on the current weights where the correction needs them."""
+
+        def proximal() -> torch.Tensor:
+            with self.autocast():
+                return packed_logprobs(self.model, mb, self.logprob_temperature)
+
+        return correction_inputs(correction, mb.old_logprobs, proximal, is_cap)
 
     def publish(self) -> dict[str, torch.Tensor]:
         """This version's weights for the rollout backends (`weights_snapshot`)."""

@@ -1,8 +1,11 @@
-"""GRPO policy losses on flat per-token tensors, written so gradient accumulation is exact.
+"""GRPO's arithmetic on flat tensors: group advantages, the policy losses with their
+normalisations, and the off-policy corrections for stale samples.
 
-Knows nothing about models, packing or trajectories: per-token log-probabilities, advantages and a
-loss mask in, a scalar out. Every loss variant is a per-token weight w_t, and the loss of the whole
-optimizer-step batch B is
+Knows nothing about models, packing or trajectories: rewards in, one advantage per trajectory
+out; per-token log-probabilities, advantages and a loss mask in, a scalar loss out.
+
+Policy losses, written so gradient accumulation is exact. Every loss variant is a per-token
+weight w_t, and the loss of the whole optimizer-step batch B is
 
     L = sum_{t in B} w_t * l_t,    l_t = clipped policy loss (+ beta * k3 KL) of token t.
 
@@ -10,17 +13,105 @@ The weights are built from a micro-batch's own tokens plus the global counts in 
 each micro-batch's loss is its share of L: call `backward()` on every micro-batch's loss as it is
 (do not divide by the number of micro-batches) and the accumulated gradient is that of L, whatever
 the split. The variants and their normalizations follow TRL `GRPOTrainer._compute_loss`.
+
+Off-policy corrections: how the loss treats tokens that an older policy version (the behaviour
+policy mu) sampled, when rollouts run ahead of the trainer. Each is one function, picked by name,
+that turns a micro-batch's behaviour logprobs into the extra arguments of `policy_loss`:
+
+- `none`: the PPO ratio against mu's logprobs, exactly what synchronous GRPO does.
+- `decoupled` (AReaL, arXiv 2505.24298): clip around the proximal policy pi_prox (the trainer's
+  weights before this step, one no-grad forward) and weight each token by min(pi_prox / mu, cap),
+  so the trust region is centred on the current policy however stale mu is.
+- `tis`: truncated importance sampling (prime-rl's AIPO): -min(pi_theta / mu, cap) * A, no clip,
+  no extra forward.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+# ----------------------------------------------------------- advantages
+AdvantageScale = Literal["group", "batch", "none"]
 
+
+def group_advantages(
+    rewards: Tensor,  # (N,) total reward of each trajectory
+    group_ids: Tensor,  # (N,) int, trajectories with equal ids answer the same prompt
+    scale: AdvantageScale = "group",
+    eps: float = 1e-4,
+) -> Tensor:  # (N,)
+    """Mean-centred rewards per group, optionally divided by a standard deviation.
+
+        A_i = (r_i - mean_{g(i)}(r)) / (std + eps)
+
+    where std is, by `scale`:
+
+    * "group": the std of the rewards in i's group (GRPO, TRL `scale_rewards="group"`);
+    * "batch": the std of all N rewards (TRL `scale_rewards="batch"`);
+    * "none":  no division and no eps, A_i = r_i - mean_{g(i)}(r) (Dr. GRPO: dividing by the
+      group std up-weights prompts that are almost always or almost never solved).
+
+    The std is the unbiased one (Bessel-corrected, divide by n - 1), as `torch.std` and TRL's
+    `nanstd` compute it, and `eps` (> 0) is added to the std, not the variance, as in TRL.
+    A group of one has nothing to be compared with, so its advantage is 0 under every scale.
+    Groups need not be contiguous nor of equal size.
+
+    Returns:
+        advantages, (N,), in the floating dtype of `rewards` (float32 for integer rewards).
+    """
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape (N,), got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    if scale not in ("none", *_STD):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0 (it keeps equal-reward groups at 0, not NaN), got {eps}")
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    counts = counts.to(rewards.dtype)
+    centred = rewards - _group_sum(rewards, inverse, counts)[inverse] / counts[inverse]
+    if scale == "none":
+        return centred
+    return centred / (_STD[scale](rewards, centred, inverse, counts) + eps)
+
+
+def _group_sum(
+    values: Tensor,  # (N,)
+    inverse: Tensor,  # (N,) dense group index 0..G-1 of each value
+    counts: Tensor,  # (G,) group sizes, only for the output's size and dtype
+) -> Tensor:  # (G,)
+    return torch.zeros_like(counts).index_add_(0, inverse, values)
+
+
+# Each std function: (rewards (N,), centred (N,), inverse (N,), counts (G,)) -> std, broadcastable
+# to (N,). Where the std is undefined (fewer than two rewards) it is 0: the centred reward is 0
+# there too, so the advantage comes out 0 rather than NaN.
+StdFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def _group_std(rewards: Tensor, centred: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
+    """Per-group unbiased std, sqrt(sum_group (r - mean)^2 / (n - 1)), gathered back to (N,)."""
+    variance = _group_sum(centred.square(), inverse, counts) / (counts - 1).clamp(min=1)
+    return variance.sqrt()[inverse]
+
+
+def _batch_std(rewards: Tensor, centred: Tensor, inverse: Tensor, counts: Tensor) -> Tensor:
+    """Unbiased std of all N raw rewards (around the batch mean, not the group means)."""
+    return rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+
+
+_STD: dict[str, StdFn] = {"group": _group_std, "batch": _batch_std}
+
+
+# --------------------------------------------------------- policy losses
 @dataclass(frozen=True)
 class LossContext:
     """Counts over the whole optimizer-step batch (every micro-batch) that the weights divide by.
@@ -247,3 +338,50 @@ def policy_loss(
 def _masked_mean(values: Tensor, loss_mask: Tensor, n_active: Tensor) -> Tensor:
     """Mean of `values` (T,) over the active tokens; 0 when there are none."""
     return (values * loss_mask).sum() / n_active.clamp(min=1)
+
+
+# ---------------------------------------------------- off-policy corrections
+# (behaviour logprobs (T,), proximal-logprob function () -> (T,), cap) -> keyword arguments of
+# `policy_loss`. The proximal function runs a forward, so only corrections that need it call it.
+Correction = Callable[[Tensor, Callable[[], Tensor], float], dict[str, Any]]
+
+
+def no_correction(behaviour_logp: Tensor, proximal: Callable[[], Tensor], cap: float) -> dict:
+    """Ratio against the behaviour logprobs, as in sync GRPO."""
+    return {"old_logp": behaviour_logp}
+
+
+def decoupled_ppo(behaviour_logp: Tensor, proximal: Callable[[], Tensor], cap: float) -> dict:
+    """Clip around pi_prox, importance weight min(pi_prox / mu, cap) per token (both (T,))."""
+    with torch.no_grad():
+        prox = proximal().float()  # (T,) log pi_prox, the weights before this step
+    weight = torch.exp(prox - behaviour_logp).clamp(max=cap)  # (T,)
+    return {"old_logp": prox, "is_weight": weight}
+
+
+def truncated_is(behaviour_logp: Tensor, proximal: Callable[[], Tensor], cap: float) -> dict:
+    """-min(pi_theta / mu, cap) * A against the behaviour logprobs (no extra forward)."""
+    return {"old_logp": behaviour_logp, "tis_cap": cap}
+
+
+CORRECTIONS: dict[str, Correction] = {
+    "none": no_correction,
+    "decoupled": decoupled_ppo,
+    "tis": truncated_is,
+}
+
+
+def correction_inputs(
+    name: str, behaviour_logp: Tensor, proximal: Callable[[], Tensor], cap: float
+) -> dict[str, Any]:
+    """`policy_loss` keyword arguments for a micro-batch under correction `name`, from its
+    behaviour logprobs (T,) and a function giving its proximal logprobs (T,).
+
+    Call it for every micro-batch BEFORE the first optimizer step of a batch: `proximal` must
+    see the weights the batch is trained from, not weights it already moved.
+    """
+    if name not in CORRECTIONS:
+        raise ValueError(
+            f"off-policy correction must be one of {sorted(CORRECTIONS)}, got {name!r}"
+        )
+    return CORRECTIONS[name](behaviour_logp, proximal, cap)

@@ -9,7 +9,7 @@ Knows nothing about scheduling, buffers or other workers. Two ways to use a vers
 - `partial` (abort and resume, as slime's fully-async mode and PipelineRL): the batch decodes in
   segments of `segment_tokens`; before each segment the worker loads the newest version if there
   is one, and in-flight sequences resume on it (re-prefilled from their tokens so far). Each
-  token records the version that sampled it; the loss corrects for the mix (rl/off_policy.py).
+  token records the version that sampled it; the loss corrects for the mix (rl/losses.py).
 """
 
 from __future__ import annotations
