@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from leantrain.errors import LeantrainError
+from leantrain.models.presets import PRESETS
 from leantrain.settings import SettingsT, load_settings, parse_overrides
 
 console = Console()
@@ -90,9 +91,7 @@ OverrideOpt = Annotated[
 ]
 ModelOpt = Annotated[
     str | None,
-    typer.Option(
-        "--model", "-m", help="Preset (tiny, tiny-tools, smollm2-135m) or local HF folder."
-    ),
+    typer.Option("--model", "-m", help=f"Preset ({', '.join(PRESETS)}) or local HF folder."),
 ]
 StepsOpt = Annotated[int | None, typer.Option("--steps", help="Optimizer steps.")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Run folder.")]
