@@ -79,3 +79,11 @@ def test_bad_names_and_options_are_named(
     with pytest.raises(LeantrainError) as info:
         make_task(name, **options)
     assert message in str(info.value)
+
+
+def test_the_task_settings_help_names_every_task() -> None:
+    from leantrain.tasks import TASKS
+    from leantrain.tasks.config import TaskConfig
+
+    help_text = TaskConfig.model_fields["name"].description
+    assert all(name in help_text for name in TASKS), help_text

@@ -25,7 +25,11 @@ class RewardWeights(BaseModel):
 
 
 class TaskConfig(Strict):
-    name: str = Field("arith", description="Task: arith, countdown, code or jsonl.")
+    name: str = Field(
+        "arith",
+        description="Task: arith, countdown, code, jsonl, sentiment, tool_arith (multi-turn, "
+        "runs Python) or visual (image prompts, needs a vision-language model).",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Task constructor options, e.g. {max_items: 16}."
     )
