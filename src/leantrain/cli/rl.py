@@ -118,3 +118,5 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
         outputs += ", report.html"
     table.add_row("outputs", f"{cfg.out}/{outputs}")
     console.print(table)
+    for warning in summary.get("warnings", []):  # a run that could not learn says so last
+        console.print(f"[bold red]warning:[/] {warning}")

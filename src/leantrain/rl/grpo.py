@@ -44,6 +44,7 @@ from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
+from leantrain.rl.learning_signal import NoSignalWatch
 from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.packing import token_metrics
 from leantrain.rl.rollout import (
@@ -154,6 +155,7 @@ class GRPORun:
         # After the vision tower is frozen: the optimizer holds no state for frozen weights.
         self.learner = Learner(self.config, self.model, self.device)
         self.accuracy_before: float | None = None
+        self.no_signal = NoSignalWatch(lambda t: accuracy_part(t.rewards))
 
     @property
     def step(self) -> int:
@@ -241,6 +243,8 @@ class GRPORun:
             ),
             **orchestrator.summary(),
         }
+        if self.no_signal.warnings:  # repeated at the end, where a person looks first
+            summary["warnings"] = self.no_signal.warnings
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
         return summary
@@ -272,6 +276,8 @@ class GRPORun:
                     "error": t.error,
                 }
             )
+        if warning := self.no_signal.observe(self.step, trajectories):
+            log.warning("%s", warning)
         record = self._record(trajectories, stats, gen_s=gen_s, train_s=train_s)
         record["idle_s"] = round(idle_s, 4)
         record.update(extra)
