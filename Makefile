@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench report docs check-presets clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/leantrain demo
 
+# Tests marked `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
+# `make check-presets` instead.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
+
+# Every shipped preset build against a fresh build from its recipe, bit for bit (slow).
+check-presets: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "rebuild or slow" tests/models/presets
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -33,10 +39,15 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
-# Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json).
-BENCHMARKS := $(sort $(wildcard benchmarks/*.py))
+# Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json), then
+# the claims table of docs/benchmarks.md from the results.
+BENCHMARKS := $(filter-out benchmarks/report.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
 bench: $(STAMP)
 	set -e; for b in $(BENCHMARKS); do echo "== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b --quick; done
+	$(BIN)/python benchmarks/report.py
+
+report: $(STAMP)
+	$(BIN)/python benchmarks/report.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
