@@ -54,7 +54,9 @@ def test_rl_runs_and_resumes(tiny_path: Path, tmp_path: Path) -> None:
     args = ["rl", "--config", str(cfg), "--out", str(out), "--device", "cpu"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
-    assert "accuracy before" in first.output
+    # New problems of the training task are its test set ("held-out" is for held-out domains).
+    assert "test accuracy before" in first.output and "held-out" not in first.output
+    assert "test: 4 new problems of the task, greedy" in first.output
     again = runner.invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 2 and "--resume" in again.output
     resumed = runner.invoke(app, [*args, "--steps", "2", "--resume"])
