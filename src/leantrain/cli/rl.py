@@ -105,14 +105,20 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
         f"{cfg.steps} steps, out {cfg.out}"
     )
     summary = run.run()
+    # A generated task's test problems are new ones; a jsonl task's come from its training rows.
+    measured_on = "test" if summary["eval_unseen"] else "training-row"
     table = Table(
         title="leantrain rl",
-        caption=f"test: {summary['eval_size']} new problems of the task, greedy",
+        caption=f"{summary['eval_size']} "
+        + ("new problems of the task" if summary["eval_unseen"] else "rows of the data file")
+        + ", greedy",
         show_header=False,
     )
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    table.add_row("test accuracy before", f"{before:.1%}")
-    table.add_row("test accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)")
+    table.add_row(f"{measured_on} accuracy before", f"{before:.1%}")
+    table.add_row(
+        f"{measured_on} accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)"
+    )
     total = max(summary["seconds_total"], 1e-9)
     for name in ("generating", "training", "idle"):
         secs = summary[f"seconds_{name}"]

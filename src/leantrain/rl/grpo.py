@@ -238,6 +238,7 @@ class GRPORun:
             "accuracy_before": self.accuracy_before,
             "accuracy_after": accuracy_after,
             "eval_size": len(self.test_examples),
+            "eval_unseen": self.task.unseen_per_seed,
             "seconds_total": round(seconds_total, 2),
             "seconds_generating": round(orchestrator.generate_s, 2),
             "seconds_training": round(orchestrator.train_s, 2),
