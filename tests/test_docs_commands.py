@@ -1,8 +1,9 @@
 """Every console block marked `<!-- runnable -->` in README.md and docs/ runs as shown: each `$`
 command, run in a fresh folder (with `configs/` beside it) by bash with this environment's
 `leantrain` first on PATH, exits 0, or 2 where its shown output starts with `error:`, and every
-output line the block shows appears in what it printed. A shown line with a duration (`4.2 s`,
-`0:01:17`) matches any numbers in their places; a `...` line stands for lines left out.
+output line the block shows appears in what it printed. A shown line with a duration or a rate
+(`4.2 s`, `0:01:17`, `steps per second`) matches any numbers in their places; a `...` line
+stands for lines left out.
 
 Only quick commands are marked (each well under 20 s on the tiny model); the demo is not.
 """
@@ -20,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).parents[1]
 MARKER = "<!-- runnable -->"
-DURATION = re.compile(r"\d+(\.\d+)? s\b|\d+:\d\d:\d\d")
+DURATION = re.compile(r"\d+(\.\d+)? s\b|\d+:\d\d:\d\d|per second")
 
 
 @dataclass(frozen=True)
