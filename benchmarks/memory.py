@@ -49,6 +49,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from leantrain.telemetry.report import write_benchmark_json
+
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 CONFIG = Path(__file__).parents[1] / "configs" / "tiny-sft.yaml"
 # Row name -> TuneConfig overrides. lean_kernels None is tune's default: on for the lars methods.
@@ -268,8 +270,7 @@ def main() -> None:
             "results": results,
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    write_benchmark_json(RESULTS, out)
     plot(results, lens, RESULTS.with_suffix(".png"))
     print(f"LARS / LoRA peak at {lens[-1]} tokens: {ratio:.3f}  (target <= 0.67)")
     print(f"wrote {RESULTS} and {RESULTS.with_suffix('.png')}")

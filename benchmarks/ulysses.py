@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from leantrain.telemetry.report import write_benchmark_json
+
 RESULTS = Path(__file__).parent / "results" / "ulysses.json"
 WORLDS = (1, 2, 4)
 
@@ -182,8 +184,7 @@ def main() -> None:
             "results": {f"P={w}": rows for w, rows in results.items()},
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    write_benchmark_json(RESULTS, out)
     print(f"max |SP - single| (logits, loss): {max_diff:.2e}; bytes/theory: {ratios}")
     print(f"wrote {RESULTS}")
 

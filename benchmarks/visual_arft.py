@@ -24,7 +24,7 @@ that ran in the sandbox and exited cleanly; the `tool` reward asks more (the rig
 printed). Visual-ARFT's own code never runs the code.
 
     python benchmarks/visual_arft.py            # full: 60 steps of 16 prompts x 4, 256 test images
-    python benchmarks/visual_arft.py --quick    # under 180 s on an idle 2-core CPU (model cached)
+    python benchmarks/visual_arft.py --quick    # under 180 s on an idle 2-core CPU (tiny-vl ships)
     python benchmarks/visual_arft.py --quick --test-seed 555   # validation images: tune on these
     python benchmarks/visual_arft.py --quick --freeze-vision   # vision tower fixed during GRPO
     python benchmarks/visual_arft.py --quick --train-styles receipt,table   # GRPO on both styles

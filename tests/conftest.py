@@ -1,5 +1,6 @@
-"""Shared fixtures. Tests run offline on the built-in tiny model, built once per machine (about a
-minute) into the normal cache and reused; pytest-xdist workers wait on its file lock. The engine
+"""Shared fixtures. Tests run offline on the built-in tiny model, copied once per machine from the
+build the package ships into the normal cache and reused; pytest-xdist workers wait on its file
+lock. The engine
 and speculation tests share a random-init tiny Llama (`model`), its byte tokenizer and prompts."""
 
 from __future__ import annotations

@@ -54,7 +54,9 @@ def test_rl_runs_and_resumes(tiny_path: Path, tmp_path: Path) -> None:
     args = ["rl", "--config", str(cfg), "--out", str(out), "--device", "cpu"]
     first = runner.invoke(app, [*args, "--steps", "1"])
     assert first.exit_code == 0, first.output
-    assert "accuracy before" in first.output
+    # New problems of the training task are its test set ("held-out" is for held-out domains).
+    assert "test accuracy before" in first.output and "held-out" not in first.output
+    assert "4 new problems of the task, greedy" in first.output
     again = runner.invoke(app, [*args, "--steps", "2"])
     assert again.exit_code == 2 and "--resume" in again.output
     resumed = runner.invoke(app, [*args, "--steps", "2", "--resume"])
@@ -76,3 +78,18 @@ def test_demo_config_matches_the_demo() -> None:
     shipped = load_settings(RLConfig, Path(__file__).parents[2] / "configs" / "tiny-arith.yaml")
     demo = load_settings(RLConfig, None, **DEMO_SETTINGS)
     assert shipped.model_dump(exclude={"out"}) == demo.model_dump(exclude={"out"})
+
+
+def test_a_jsonl_task_s_accuracy_is_on_its_training_rows(tiny_path: Path, tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text(
+        '{"prompt": "sum 2 3\\n", "answer": "5"}\n{"prompt": "sum 7 1\\n", "answer": "8"}\n'
+    )
+    args = ["rl", "--steps", "1", "--out", str(tmp_path / "run"), "-o", "task.name=jsonl"]
+    args += ["-o", f"task.options.path={data}", "-o", "task.eval_size=2"]
+    args += ["-o", "grpo.prompts_per_step=2", "-o", "grpo.group_size=2"]
+    result = runner.invoke(app, [*args, "-o", "sampling.max_new_tokens=16"])
+    assert result.exit_code == 0, result.output
+    # Its test draws come from the file's rows, so the table does not call them a test set.
+    assert "training-row accuracy before" in result.output and "test accuracy" not in result.output
+    assert "2 rows of the data file, greedy" in result.output

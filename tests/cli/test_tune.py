@@ -28,5 +28,5 @@ def test_tune_runs(tiny_path: Path, tmp_path: Path) -> None:
     args = ["tune", "--config", CONFIG, "--steps", "1", "--out", str(out), "--device", "cpu"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "held-out accuracy after" in result.output
+    assert "test accuracy after" in result.output
     assert json.loads((out / "summary.json").read_text())["method"] == "lars"

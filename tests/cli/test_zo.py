@@ -47,6 +47,8 @@ def test_own_data_trains_and_saves_a_loadable_model(tiny_path: Path, tmp_path: P
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and "loss_after" in summary and "accuracy_after" not in summary
+    # Two rows spare none for a test set, and the table says the loss is the training rows'.
+    assert summary["eval_on_training_rows"] and "training loss after" in result.output
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert (out / "metrics.png").is_file()
     model, _ = load_model(out / "model")  # merged LoRA: an ordinary HF folder

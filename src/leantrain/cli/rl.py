@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # rl/config.py loads torch (through generation/): only once a
     from leantrain.rl.config import RLConfig
 
 # `leantrain demo`: RLConfig's defaults plus these (configs/tiny-arith.yaml spells out the same
-# run). The cosine decay steadies the final weights: with a constant lr the held-out accuracy
+# run). The cosine decay steadies the final weights: with a constant lr the test accuracy
 # swings by up to 8 points between checkpoints (docs/benchmarks.md, "GRPO demo"). Two threads on
 # any machine, so the demo prints the README's figures there too (float sums split by another
 # thread count give another run); the tiny model gains nothing from more.
@@ -105,10 +105,20 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
         f"{cfg.steps} steps, out {cfg.out}"
     )
     summary = run.run()
-    table = Table(title="leantrain rl", show_header=False)
+    # A generated task's test problems are new ones; a jsonl task's come from its training rows.
+    measured_on = "test" if summary["eval_unseen"] else "training-row"
+    table = Table(
+        title="leantrain rl",
+        caption=f"{summary['eval_size']} "
+        + ("new problems of the task" if summary["eval_unseen"] else "rows of the data file")
+        + ", greedy",
+        show_header=False,
+    )
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    table.add_row("held-out accuracy before", f"{before:.1%}")
-    table.add_row("held-out accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)")
+    table.add_row(f"{measured_on} accuracy before", f"{before:.1%}")
+    table.add_row(
+        f"{measured_on} accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)"
+    )
     total = max(summary["seconds_total"], 1e-9)
     for name in ("generating", "training", "idle"):
         secs = summary[f"seconds_{name}"]

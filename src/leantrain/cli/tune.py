@@ -140,10 +140,14 @@ def _train_and_report(cfg: TuneConfig, sequence_parallel: int) -> None:
     summary = run.run()
     if not run.hooks.is_main:
         return
-    table = Table(title="leantrain tune", show_header=False)
+    table = Table(
+        title="leantrain tune",
+        caption=f"test: {summary['eval_size']} examples never trained on, greedy",
+        show_header=False,
+    )
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    table.add_row("held-out accuracy before", f"{before:.1%}")
-    table.add_row("held-out accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)")
+    table.add_row("test accuracy before", f"{before:.1%}")
+    table.add_row("test accuracy after", f"{after:.1%}  ({(after - before) * 100:+.1f} points)")
     table.add_row("trainable parameters", f"{summary['trainable_parameters']:,}")
     table.add_row("training time", f"{summary['seconds_training']:.1f} s")
     table.add_row(

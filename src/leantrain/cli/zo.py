@@ -73,11 +73,13 @@ def zo(
     )
     summary = run.run()
     table = Table(title="leantrain zo", show_header=False)
+    # Under 10 rows of data none is spared for a test set: the loss is the training rows'.
+    measured_on = "training" if summary["eval_on_training_rows"] else "test"
     for key, fmt in (("accuracy", "{:.1%}"), ("loss", "{:.4f}")):
         if f"{key}_before" in summary:
             before, after = summary[f"{key}_before"], summary[f"{key}_after"]
-            table.add_row(f"held-out {key} before", fmt.format(before))
-            table.add_row(f"held-out {key} after", fmt.format(after))
+            table.add_row(f"{measured_on} {key} before", fmt.format(before))
+            table.add_row(f"{measured_on} {key} after", fmt.format(after))
     table.add_row("trainable parameters", f"{summary['trainable_parameters']:,}")
     table.add_row("steps per second", f"{summary['steps_per_s']}")
     table.add_row("outputs", f"{cfg.out}/metrics.jsonl, metrics.png, summary.json")

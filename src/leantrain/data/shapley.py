@@ -109,7 +109,8 @@ def permutation_semivalues(
     Args:
         utility: sorted indices -> utility; wrapped in a `CachedUtility`.
         n: number of training samples.
-        alpha, beta: Beta-Shapley weights; (1, 1) is Shapley.
+        alpha: Beta-Shapley weight of small sets; (alpha, beta) = (1, 1) is Shapley.
+        beta: Beta-Shapley weight of large sets.
         truncation: stop a permutation once |U(all) - U(prefix)| <= truncation * |U(all)|; the
             rest of it then contributes 0 (their marginals are below the utility's own noise).
             0 walks every permutation to the end (unbiased; values sum to U(all) - U(empty)).

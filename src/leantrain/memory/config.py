@@ -78,9 +78,11 @@ class TuneConfig(Strict):
     )
     warmup_steps: int = Field(5, ge=0, description="Linear learning-rate warm-up.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
-    eval_size: int = Field(200, ge=1, description="Held-out prompts for accuracy before/after.")
+    eval_size: int = Field(
+        200, ge=1, description="Test prompts (never trained on) for accuracy before/after."
+    )
     max_new_tokens: int = Field(16, ge=1, description="Greedy response cap when evaluating.")
     seed: int = Field(0, description="Seeds data, initialization and adapters.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA if any.")
     out: Path = Field(Path("runs/tune"), description="Run folder: metrics, plot, summary.")
-    log_completions: int = Field(4, ge=0, description="Held-out completions kept after training.")
+    log_completions: int = Field(4, ge=0, description="Test completions kept after training.")

@@ -1,4 +1,5 @@
-"""Models: load any HF causal LM from a path, or a built-in preset (`tiny`, `smollm2-135m`)."""
+"""Models: load any HF causal LM or VLM from a path, or a built-in preset (`PRESETS`: `tiny`,
+`tiny-tools`, `tiny-vl`, `smollm2-135m`)."""
 
 from leantrain.models.build_cache import leantrain_home
 from leantrain.models.chat import encode_prompt

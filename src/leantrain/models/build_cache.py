@@ -3,6 +3,10 @@ drafters, memorised models): one builder at a time across processes, a crash nev
 half-built folder that looks finished, and the same recipe builds the same bits on any machine
 load and core count.
 
+A folder shipped inside the package (`shipped`, the tiny presets' builds) is copied into place
+instead of built: its name ends with the recipe's hash, so it is found only for the recipe that
+made it, and `rebuild=True` builds it from the recipe again.
+
 Why builds pin their thread count: a float sum's result depends on how it is split, and torch
 splits matmuls and reductions by its intra-op thread count, which defaults to the core count. Two
 builds of one recipe at 1 and 2 threads end with different weights (and a different accuracy),
@@ -23,6 +27,12 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
+
+# The tiny presets' builds shipped as package data, each in a folder named like its cache folder
+# (the recipe's hash last): a pip install carries them, and the first use copies one in
+# milliseconds where its build takes minutes (tests/models/presets/test_shipped.py checks that
+# they are what their recipes build).
+SHIPPED_BUILDS = Path(__file__).parent / "presets" / "builds"
 
 # One thread: its arithmetic is the same on any core count and under any load (MKL and OpenMP
 # split nothing), for a one-off cost: `tiny` builds in 81 s, against 59 s at two threads.
@@ -63,22 +73,39 @@ def recipe_hash(recipe: object, **extra: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def build_once(target: Path, build: Callable[[Path], object], marker: str = "build.json") -> Path:
-    """`target`, first built by `build(staging)` unless its `marker` file exists.
+def build_once(
+    target: Path,
+    build: Callable[[Path], object],
+    marker: str = "build.json",
+    *,
+    shipped: Path | None = None,
+    rebuild: bool = False,
+) -> Path:
+    """`target`, first made unless its `marker` file exists: copied from `shipped` when that
+    folder holds the marker, else built by `build(staging)`. `rebuild` builds it again from the
+    recipe whatever is cached or shipped, and replaces the cached folder.
 
     A file lock makes other processes wait for the builder (then they find the marker and return);
     the build goes into `<target>.partial` under `deterministic_build`, renamed into place only
     once it is complete.
     """
-    if (target / marker).exists():
+    if (target / marker).exists() and not rebuild:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if (target / marker).exists():  # another process built it while we waited
+        if (target / marker).exists() and not rebuild:  # made by another process meanwhile
             return target
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        with deterministic_build():
-            build(staging)
+        if shipped is not None and (shipped / marker).exists() and not rebuild:
+            shutil.copytree(shipped, staging)
+        else:
+            with deterministic_build():
+                build(staging)
+        if target.exists():  # a rebuild: the old folder goes only once the new one is complete
+            old = target.with_name(target.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            shutil.rmtree(old)
         staging.rename(target)
     return target

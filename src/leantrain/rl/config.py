@@ -37,7 +37,7 @@ class GRPOConfig(Strict):
         "constant",
         description="Learning rate after the warm-up: `constant`, or `cosine` decay from lr to 0 "
         "over the run's `steps` (a resume with more steps re-spreads the rest of the decay). "
-        "With a constant lr the tiny model's held-out accuracy swings by up to 8 points from "
+        "With a constant lr the tiny model's test accuracy swings by up to 8 points from "
         "one checkpoint to the next; the decay lets the last steps settle (the demo uses it).",
     )
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")

@@ -6,7 +6,8 @@ std (`scale_rewards`); the loss is PPO's clipped ratio (`grpo`, `dr_grpo`, `dapo
 normalisation, optional KL to a frozen reference with `beta`) over packed micro-batches, and
 one learner step takes `num_iterations` optimizer steps on a batch (each a policy version). What
 is simplified: the reference is the starting policy, never refreshed; rewards come from the
-task's verifier only (no reward model); evaluation is greedy accuracy on a fixed held-out set.
+task's verifier only (no reward model); evaluation is greedy accuracy on a fixed test set: new
+problems of the training task, never trained on (held-out domains are the benchmarks' business).
 
 The parts: `RolloutSource` (rl/rollout.py) turns a step into scored trajectories; `Learner`
 (rl/learner.py) trains on them; `Orchestrator` (rl/orchestrator.py) is the loop that meets them
@@ -21,7 +22,7 @@ the loop, evaluates before and after, logs every step and checkpoints.
 
 Set-up order matters: model before learner (its optimizer holds the parameters; a frozen vision
 tower holds no state), learner before resume (resume restores its state), task before the
-held-out set. Vision-language models (a VLM folder or `tiny-vl`, a task whose examples carry
+test set. Vision-language models (a VLM folder or `tiny-vl`, a task whose examples carry
 `meta["image"]`): prompts go through the processor, the pixel values go to the engine's prefill
 and every training forward, and `report.html` shows sampled images with their completions.
 """
@@ -63,7 +64,7 @@ from leantrain.training.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 
-# Held-out prompts' seed stream, apart from the training prompts' and sampling's (rl/rollout.py).
+# Test problems' seed stream, apart from the training prompts' and sampling's (rl/rollout.py).
 _EVAL_SEED_OFFSET = 1_000_003
 
 PLOT_KEYS = ("reward", "accuracy", "loss", "response_len_p50", "response_len_max", "tokens_per_s")
@@ -130,16 +131,18 @@ class GRPORun:
         t = self.config.task
         self.task: Task = make_task(t.name, **t.options)
         self.weights = t.reward_weights
-        self.heldout: list[Example] = self.task.examples(
+        self.test_examples: list[Example] = self.task.examples(
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
-        refuse_unsupported(self.config, self.task, self.heldout[0])
+        refuse_unsupported(self.config, self.task, self.test_examples[0])
         # Multi-turn tool tasks: rollouts and evaluations are episodes (rl/episodes.py).
         speculator = None if self.long_tail is None else self.long_tail.speculator
         backend = rollout_backend(self.config, self.model, self.tokenizer, self.task, speculator)
         self.report: VisionReport | None = None
-        if "image" in self.heldout[0].meta:
-            example_inputs(self.tokenizer, self.processor, self.heldout[0])  # text-only: error
+        if "image" in self.test_examples[0].meta:
+            example_inputs(
+                self.tokenizer, self.processor, self.test_examples[0]
+            )  # text-only: error
             self.report = VisionReport(self.out / "report.html")
         self.source = RolloutSource(
             self.config,
@@ -180,8 +183,8 @@ class GRPORun:
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:
-        """Greedy accuracy on the held-out problems (or `examples`)."""
-        examples = self.heldout if examples is None else examples
+        """Greedy accuracy on the test problems (or `examples`)."""
+        examples = self.test_examples if examples is None else examples
         params = self.config.sampling.model_copy(update={"temperature": 0.0})  # greedy
         prompts = [example_inputs(self.tokenizer, self.processor, ex)[0] for ex in examples]
         with self.source.autocast():
@@ -222,7 +225,7 @@ class GRPORun:
                 )
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     self._checkpoint()
-        # The training loop's time only: the held-out evaluations before and after are not steps.
+        # The training loop's time only: the test evaluations before and after are not steps.
         seconds_total = time.perf_counter() - start
         if self.long_tail is not None:
             self.long_tail.close()  # stops the drafter's trainer; its last version is saved
@@ -234,7 +237,8 @@ class GRPORun:
             "task": cfg.task.name,
             "accuracy_before": self.accuracy_before,
             "accuracy_after": accuracy_after,
-            "eval_size": len(self.heldout),
+            "eval_size": len(self.test_examples),
+            "eval_unseen": self.task.unseen_per_seed,
             "seconds_total": round(seconds_total, 2),
             "seconds_generating": round(orchestrator.generate_s, 2),
             "seconds_training": round(orchestrator.train_s, 2),

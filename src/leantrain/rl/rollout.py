@@ -30,7 +30,7 @@ from leantrain.tasks import Example, Task
 from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.rewards import score_safely
 
-# Seed streams: training prompts and sampling never share a seed (held-out prompts: rl/grpo.py).
+# Seed streams: training prompts and sampling never share a seed (test problems: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003
 _SAMPLING_SEED_OFFSET = 7_919
 
@@ -112,7 +112,7 @@ def rollout_backend(
     return EpisodeRunner(engine, task) if is_multi_turn(task) else engine
 
 
-def refuse_unsupported(config: RLConfig, task: Task, heldout: Example) -> None:
+def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself)."""
     mode = config.orchestrator.mode
@@ -123,7 +123,7 @@ def refuse_unsupported(config: RLConfig, task: Task, heldout: Example) -> None:
             f"task {config.task.name!r} is multi-turn and needs orchestrator.mode: sync "
             f"(got {mode!r}); rollout workers run single-turn tasks only"
         )
-    if "image" in heldout.meta:
+    if "image" in example.meta:
         raise LeantrainError(
             f"task {config.task.name!r} has image prompts and needs orchestrator.mode: sync (got "
             f"{mode!r}); rollout workers run text prompts only"

@@ -117,6 +117,8 @@ class ElicitConfig(Strict):
     prompts_per_step: int = Field(16, ge=1, description="GRPO prompts per step.")
     group_size: int = Field(8, ge=2, description="GRPO samples per prompt.")
     max_new_tokens: int = Field(48, ge=8, description="Response cap (a 5-item sum needs ~40).")
-    eval_size: int = Field(100, ge=1, description="Held-out problems for every accuracy.")
+    eval_size: int = Field(
+        100, ge=1, description="Test problems (never trained on) for every accuracy."
+    )
     seed: int = Field(0, description="Seeds problems, demonstrations and training.")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="Where RL runs.")

@@ -32,7 +32,8 @@ class LongTail:
 
     Args:
         config: the `speculative:` settings.
-        model, tokenizer: the policy (the target the drafter drafts for).
+        model: the policy (the target the drafter drafts for).
+        tokenizer: the policy's tokenizer.
         model_name: preset or folder the policy was loaded from (keys the cached warm start).
         out: run folder; drafter versions go to `out/drafter/`.
         seed: seeds the bandit and the trainer's chain sampling.

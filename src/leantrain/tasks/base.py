@@ -37,6 +37,9 @@ class Task(ABC):
 
     name: str = "task"
     parts: tuple[str, ...] = REWARD_PARTS
+    # Whether `examples` with another seed draws problems training has not seen: a generator
+    # does; a task over a fixed list of rows (jsonl) draws from the same rows.
+    unseen_per_seed: bool = True
 
     @abstractmethod
     def sample(self, rng: random.Random) -> Example:

@@ -38,5 +38,9 @@ class TaskConfig(Strict):
         description="Weight of each reward part (format, answer, tool) in the total reward.",
     )
     eval_size: int = Field(
-        200, ge=1, description="Held-out problems for accuracy before/after (greedy decoding)."
+        200,
+        ge=1,
+        description="Test problems (new problems of the task, never trained on) for accuracy "
+        "before/after (greedy decoding); more give a steadier figure at the cost of longer "
+        "evaluations.",
     )

@@ -66,6 +66,7 @@ class JsonlTask(Task):
     name: str = "jsonl"
     rows: tuple[Example, ...] = field(init=False, repr=False)
     _scorers: tuple[_Scorer, ...] = field(init=False, repr=False)
+    unseen_per_seed = False  # every draw comes from the file's rows
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)

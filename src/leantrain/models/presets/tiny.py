@@ -1,6 +1,7 @@
 """The embedded default model: a ~1 M-parameter Llama warm-started by supervised training on the
 built-in tasks' worked solutions until it solves some but not most `arith` problems, then cached
-as an ordinary Hugging Face folder (safetensors) so every later load takes milliseconds.
+as an ordinary Hugging Face folder (safetensors) so every later load takes milliseconds. The
+default recipe's build ships with the package (models/build_cache.py), so a first use copies it.
 
 Knows nothing about RL: it only needs problems with worked solutions (`Task.sample().solution`).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
@@ -57,10 +58,17 @@ def tiny_dir(recipe: WarmStartRecipe = WarmStartRecipe()) -> Path:
     return leantrain_home() / "models" / f"tiny-v{TINY_RECIPE_VERSION}-seed{recipe.seed}-{tag}"
 
 
-def ensure_tiny(recipe: WarmStartRecipe = WarmStartRecipe(), *, progress: bool = True) -> Path:
-    """Return the cached tiny model folder, building it first if needed (one builder at a time)."""
+def ensure_tiny(
+    recipe: WarmStartRecipe = WarmStartRecipe(), *, progress: bool = True, rebuild: bool = False
+) -> Path:
+    """Return the cached tiny model folder, first copied from the shipped build of `recipe` or
+    built (one builder at a time); `rebuild` builds it from the recipe again."""
+    target = tiny_dir(recipe)
     return build_once(
-        tiny_dir(recipe), lambda staging: build_tiny(staging, recipe, progress=progress)
+        target,
+        lambda staging: build_tiny(staging, recipe, progress=progress),
+        shipped=SHIPPED_BUILDS / target.name,
+        rebuild=rebuild,
     )
 
 

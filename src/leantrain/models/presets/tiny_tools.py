@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.presets.tiny import ensure_tiny, tiny_dir
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
@@ -77,13 +77,20 @@ def tiny_tools_dir(recipe: ToolWarmStartRecipe = ToolWarmStartRecipe()) -> Path:
 
 
 def ensure_tiny_tools(
-    recipe: ToolWarmStartRecipe = ToolWarmStartRecipe(), *, progress: bool = True
+    recipe: ToolWarmStartRecipe = ToolWarmStartRecipe(),
+    *,
+    progress: bool = True,
+    rebuild: bool = False,
 ) -> Path:
-    """Return the cached `tiny-tools` folder, building it first if needed."""
+    """Return the cached `tiny-tools` folder, first copied from the shipped build of `recipe` or
+    built on the cached `tiny`; `rebuild` builds it from the recipe again (not its base)."""
     base = ensure_tiny(progress=progress)  # outside our lock: it takes its own
+    target = tiny_tools_dir(recipe)
     return build_once(
-        tiny_tools_dir(recipe),
+        target,
         lambda staging: build_tiny_tools(base, staging, recipe, progress=progress),
+        shipped=SHIPPED_BUILDS / target.name,
+        rebuild=rebuild,
     )
 
 

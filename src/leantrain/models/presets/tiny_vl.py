@@ -30,8 +30,9 @@ task_stop_accuracy=0.15, task_transcribe=False, task_direct_share=0.0, task_read
    (`read_batch`) and task images (`task_read_batch`) to transcribe, so that the reading stays
    generic and only the question tells reading from adding.
 
-Built on first use, cached under `$LEANTRAIN_HOME/models/` as an ordinary Hugging Face folder with
-its processor (`AutoProcessor` / `AutoModelForImageTextToText.from_pretrained(folder)`), one
+Shipped with the package (about 950 s of CPU to build; a first use copies it) and cached under
+`$LEANTRAIN_HOME/models/` as an ordinary Hugging Face folder with its processor (`AutoProcessor` /
+`AutoModelForImageTextToText.from_pretrained(folder)`); another recipe is built on first use, one
 builder at a time through a staging folder. `tiny_vl_model` builds an untrained one in
 milliseconds (tests). Knows nothing about RL.
 """
@@ -58,7 +59,7 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
 from leantrain.models.finetune import IGNORE
 from leantrain.models.presets.tiny_tools import ensure_tiny_tools, tiny_tools_dir
 from leantrain.models.vision import encode_image_prompt
@@ -221,13 +222,20 @@ def tiny_vl_dir(recipe: VisionWarmStartRecipe = VisionWarmStartRecipe()) -> Path
 
 
 def ensure_tiny_vl(
-    recipe: VisionWarmStartRecipe = VisionWarmStartRecipe(), *, progress: bool = True
+    recipe: VisionWarmStartRecipe = VisionWarmStartRecipe(),
+    *,
+    progress: bool = True,
+    rebuild: bool = False,
 ) -> Path:
-    """Return the cached `tiny-vl` folder, building it first if needed."""
+    """Return the cached `tiny-vl` folder, first copied from the shipped build of `recipe` or
+    built on the cached `tiny-tools`; `rebuild` builds it from the recipe again (not its base)."""
     base = ensure_tiny_tools(progress=progress)  # outside our lock: it takes its own
+    target = tiny_vl_dir(recipe)
     return build_once(
-        tiny_vl_dir(recipe),
+        target,
         lambda staging: build_tiny_vl(base, staging, recipe, progress=progress),
+        shipped=SHIPPED_BUILDS / target.name,
+        rebuild=rebuild,
     )
 
 
