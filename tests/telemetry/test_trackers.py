@@ -63,20 +63,9 @@ def test_each_tracker_reads_back_the_runs_scalars_table_and_config(
         "grpo.group_size": "2",
         "log_completions": "1",
     }
-    command = [
-        str(Path(sys.executable).parent / "leantrain"),
-        "rl",
-        "--model",
-        "tiny",
-        "--steps",
-        "2",
-        "--out",
-        str(out),
-        "--device",
-        "cpu",
-        "--threads",
-        "1",
-    ]
+    leantrain = str(Path(sys.executable).parent / "leantrain")
+    command = [leantrain, "rl", "--model", "tiny", "--steps", "2", "--device", "cpu"]
+    command += ["--threads", "1", "--out", str(out)]
     for key, value in overrides.items():
         command += ["-o", f"{key}={value}"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -102,14 +91,8 @@ def test_each_tracker_reads_back_the_runs_scalars_table_and_config(
 
     # W&B offline: the run's .wandb log, read by W&B's own inspector.
     (log,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-    inspected = subprocess.run(
-        [str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(log)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    wandb = str(Path(sys.executable).parent / "wandb")
+    inspected = _stdout([wandb, "leet", "inspect", "--json", str(log)], env)
     history = [
         r["history"] for r in map(json.loads, inspected.splitlines()) if r["type"] == "history"
     ]
@@ -137,23 +120,21 @@ def test_each_tracker_reads_back_the_runs_scalars_table_and_config(
     assert tables == ["completions/step_000001.json", "completions/step_000002.json"]
 
     # trackio: its local database, through its own storage reader.
-    reader = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import json, sys; from trackio.sqlite_storage import SQLiteStorage;"
-            " print(json.dumps(SQLiteStorage.get_logs('leantrain', 'tiny-run')))",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+    read = "from trackio.sqlite_storage import SQLiteStorage as S; import json;"
+    reader = _stdout(
+        [sys.executable, "-c", f"{read} print(json.dumps(S.get_logs('leantrain', 'tiny-run')))"],
+        env,
+    )
     logs = json.loads(reader.splitlines()[-1])
     got = {(r["step"], k): r[k] for r in logs for k in CHECKED if k in r}
     assert got == pytest.approx(expected)
     assert sum("completions" in r for r in logs) == 2
+
+
+def _stdout(command: list[str], env: dict[str, str]) -> str:
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
 
 
 class Recorder:
