@@ -11,7 +11,7 @@ Two measures, because the cost is far below the run-to-run noise of a shared 2-c
   medians over repeats; the engine's marks run in both).
 
     python benchmarks/telemetry_overhead.py            # the demo: 150 steps, 2 repeats
-    python benchmarks/telemetry_overhead.py --quick    # 10 steps, 1 repeat (~2 min, idle CPU)
+    python benchmarks/telemetry_overhead.py --quick    # 10 steps, 1 repeat, 16 held-out
 
 Writes benchmarks/results/telemetry_overhead.json (keys `overhead_fraction`,
 `wall_ratio_on_off`, `seconds_events`, `engine_marks`, `mark_s`, and details).
@@ -42,13 +42,10 @@ from leantrain.telemetry.report import write_benchmark_json
 RESULTS = Path(__file__).parent / "results" / "telemetry_overhead.json"
 
 
-def one_run(events: bool, steps: int, out: Path) -> dict[str, Any]:
+def one_run(events: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The demo's run with events on or off; its summary, plus the engine marks it made."""
-    cfg = load_settings(
-        RLConfig,
-        None,
-        **{**DEMO_SETTINGS, "steps": steps, "out": out, "telemetry.events": events},
-    )
+    settings = {"steps": args.steps, "task.eval_size": args.eval_size, "telemetry.events": events}
+    cfg = load_settings(RLConfig, None, **{**DEMO_SETTINGS, **settings, "out": out})
     summary = GRPORun(cfg, progress=False).run()
     if events:  # one mark per sequence span and per finish (the engine's only records)
         with (out / "events.jsonl").open() as f:
@@ -67,14 +64,20 @@ def mark_seconds(n: int = 200_000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10 steps, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="10 steps, 1 repeat, 16 held-out")
     parser.add_argument("--steps", type=int, default=DEMO_SETTINGS["steps"])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--eval-size",
+        type=int,
+        default=200,
+        help="held-out problems evaluated before and after (outside the timed loop)",
+    )
     parser.add_argument("--keep", type=Path, help="copy the events-on run folder here")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.repeats = 10, 1
+        args.steps, args.repeats, args.eval_size = 10, 1, 16
     logging.basicConfig(level=logging.WARNING)
 
     runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
@@ -83,7 +86,7 @@ def main() -> None:
             order = ("on", "off") if repeat % 2 == 0 else ("off", "on")  # neither always first
             for name in order:
                 out = Path(tmp) / f"{name}-{repeat}"
-                runs[name].append(one_run(name == "on", args.steps, out))
+                runs[name].append(one_run(name == "on", args, out))
                 print(f"events {name}, repeat {repeat}: {runs[name][-1]['seconds_total']:.1f} s")
                 if name == "on" and repeat == 0 and args.keep is not None:
                     shutil.rmtree(args.keep, ignore_errors=True)
@@ -108,6 +111,7 @@ def main() -> None:
             "steps": args.steps,
             "repeats": args.repeats,
             "quick": args.quick,
+            "eval_size": args.eval_size,
             "demo_settings": {**DEMO_SETTINGS, "steps": args.steps},
         },
     }
