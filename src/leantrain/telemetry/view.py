@@ -103,7 +103,14 @@ def timeline(events: list[dict[str, Any]]) -> dict[str, Any]:
             (slice bounds) and `seconds[name]` per slice.
     """
     if not events:
-        return {"names": [], "tracks": [], "seqs": [], "trainer_time": None, "t0": None}
+        return {
+            "t0": None,
+            "names": [],
+            "tracks": [],
+            "seqs": [],
+            "trainer_time": None,
+            "default_rows": MAX_DEFAULT_ROWS,
+        }
     start = min(e["t0"] for e in events)
     names: dict[str, int] = {}
     track_ids: dict[str, int] = {}
