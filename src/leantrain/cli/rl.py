@@ -124,9 +124,12 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
         secs = summary[f"seconds_{name}"]
         table.add_row(f"time {name}", f"{secs:.1f} s ({secs / total:.0%})")
     outputs = "metrics.jsonl, metrics.png, summary.json, checkpoints/"
+    if (Path(cfg.out) / "events.jsonl").exists():  # rollout events, drawn by `leantrain view`
+        outputs += ", events.jsonl"
     if (Path(cfg.out) / "report.html").exists():  # vision tasks: sampled images and episodes
         outputs += ", report.html"
     table.add_row("outputs", f"{cfg.out}/{outputs}")
+    table.add_row("see the run", f"leantrain view {cfg.out}")
     console.print(table)
     for warning in summary.get("warnings", []):  # a run that could not learn says so last
         console.print(f"[bold red]warning:[/] {warning}")

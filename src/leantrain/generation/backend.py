@@ -19,6 +19,7 @@ import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.generation.config import SamplingParams
+from leantrain.telemetry.events import SeqTimeline
 
 FinishReason = Literal["eos", "stop", "length"]
 
@@ -36,6 +37,9 @@ class Completion:
         hidden_states: (len(response_ids), hidden) last-layer hidden states (after the final
             norm, the lm_head input) at the positions whose logits sampled each response token,
             on the model's device and dtype; None unless requested.
+        timeline: when the sequence entered each phase in the backend (queue, prefill,
+            decode or speculate, done), on `telemetry.events.clock()`; what `events.jsonl`
+            is made of. A backend fills what it knows (see `SeqTimeline`); None: nothing.
     """
 
     prompt_ids: list[int]
@@ -43,6 +47,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: FinishReason
     hidden_states: torch.Tensor | None = None
+    timeline: SeqTimeline | None = None
 
 
 @dataclass(frozen=True)

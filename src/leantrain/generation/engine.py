@@ -28,6 +28,10 @@ already hold the image tokens the processor expanded (models/vision.py). The pre
 admitted rows' pixel values, concatenated in row order (the model fills image-token positions in
 order); decoding is unchanged, since image features live in the KV cache after the prefill.
 
+Telemetry: each sequence's `SeqTimeline` (telemetry/events.py) gets a time stamp where it
+changes phase (queued, admitted, prefilled, each switch between plain and speculative decoding,
+finished) and counts its accepted draft tokens; a few clock reads per sequence, none per token.
+
 What it does NOT know about: tokenization beyond decoding a response's tail to match stop
 strings (prompts arrive as ids, chat templates are the caller's), rewards and tasks, training,
 policy versions and weight sync, how drafts are made.
@@ -54,6 +58,7 @@ from leantrain.generation.config import SamplingParams
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator, verify
+from leantrain.telemetry.events import SeqTimeline, clock
 
 
 @dataclass
@@ -67,6 +72,7 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     hidden_rows: list[int] = field(default_factory=list)  # rows of the stacked per-step hiddens
     finish_reason: FinishReason | None = None
+    timeline: SeqTimeline = field(default_factory=SeqTimeline)  # telemetry: phase changes
 
 
 @dataclass
@@ -218,6 +224,7 @@ class Engine:
         else:
             generator.manual_seed(seed)
         seqs = [_Seq(i, [int(t) for t in p], pixels[i]) for i, p in enumerate(prompts)]
+        _mark(seqs, "queue")
         spec = self.speculator
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode())
@@ -245,6 +252,7 @@ class Engine:
                 logprobs=s.logprobs,
                 finish_reason=s.finish_reason,
                 hidden_states=flat[s.hidden_rows] if flat is not None else None,
+                timeline=s.timeline,
             )
             for s in seqs
         ]
@@ -301,6 +309,7 @@ class Engine:
         # none, sample from `logits`); None when no row has one.
         forced: tuple[torch.Tensor, torch.Tensor] | None = None
         stop_window = max((len(s.encode()) for s in params.stop), default=0) + 1
+        phase = "decode"  # telemetry: decode or speculate, marked on the live rows as it changes
         while True:
             live = batch.seqs if batch else []
             free = self.max_batch_size - len(live)
@@ -310,7 +319,9 @@ class Engine:
             else:
                 newcomers = []
             if newcomers:
+                _mark(newcomers, "prefill")
                 new, new_logits, new_hidden = self._prefill(newcomers)
+                _mark(newcomers, phase)
                 if batch is None:
                     batch, logits, hidden = new, new_logits, new_hidden
                 else:
@@ -348,6 +359,9 @@ class Engine:
                 tokens = tokens[index]
                 hidden = None if hidden is None else hidden[index]
             k = self.speculator.choose(len(keep), len(queue)) if self.speculator else None
+            if ("speculate" if k else "decode") != phase:
+                phase = "speculate" if k else "decode"
+                _mark(batch.seqs, phase)
             if k is not None and k > 0:
                 batch, logits, hidden, forced = self._speculate(
                     batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
@@ -391,6 +405,7 @@ class Engine:
             k = draft.tokens.shape[1]
             for j in range(int(row[0])):
                 appended += 1
+                seq.timeline.accepted += 1
                 if not self._append(
                     seq, int(row[1 + j]), row[1 + k + j], base + i * n + j, params, stop_window
                 ):
@@ -431,6 +446,8 @@ class Engine:
         seq.logprobs.append(logprob)
         seq.hidden_rows.append(hidden_row)
         seq.finish_reason = self._finish_reason(seq, params, stop_window)
+        if seq.finish_reason is not None:
+            seq.timeline.mark(clock(), "done", len(seq.response_ids))
         return seq.finish_reason is None
 
     def _admissible(self, live: list[_Seq], queue: deque[_Seq], free: int, max_new: int) -> int:
@@ -574,6 +591,13 @@ class _HiddenLog:
             self.parts.append(hidden)
         self.rows += n
         return first
+
+
+def _mark(seqs: list[_Seq], phase: str) -> None:
+    """Telemetry: every sequence of `seqs` enters `phase` now (telemetry/events.py)."""
+    now = clock()
+    for s in seqs:
+        s.timeline.mark(now, phase, len(s.response_ids))
 
 
 def _last(hidden: torch.Tensor | None) -> torch.Tensor | None:

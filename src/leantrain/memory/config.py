@@ -10,6 +10,7 @@ from pydantic import Field
 
 from leantrain.models.config import ModelConfig
 from leantrain.settings import Strict
+from leantrain.telemetry.config import TelemetryConfig
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
 # Every projection of a Llama/Qwen-style decoder layer.
@@ -86,3 +87,7 @@ class TuneConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks CUDA if any.")
     out: Path = Field(Path("runs/tune"), description="Run folder: metrics, plot, summary.")
     log_completions: int = Field(4, ge=0, description="Test completions kept after training.")
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="Trackers to report to (TensorBoard, W&B, MLflow, trackio).",
+    )

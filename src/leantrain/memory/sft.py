@@ -182,8 +182,10 @@ class SFTRun:
                 )
 
     def _setup_outputs(self) -> None:
-        folder = RunFolder.open(self.out)
-        self.metrics, self.completions = folder.metrics, folder.completions
+        self.folder = RunFolder.open(
+            self.out, telemetry=self.config.telemetry, params=self.config.model_dump(mode="json")
+        )
+        self.metrics, self.completions = self.folder.metrics, self.folder.completions
 
     def _encode(self, prompt: str, completion: str) -> Pair:
         ids = self.tokenizer.encode(completion, add_special_tokens=False)
@@ -310,4 +312,5 @@ class SFTRun:
         summary.update(accuracy_before=before, accuracy_after=after, eval_size=len(self.heldout))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
+        self.folder.close()
         return summary

@@ -38,6 +38,8 @@ class RolloutBatch:
         attempt: 1 for the first try; a batch re-queued after a worker died counts up.
         generate_s: seconds the worker spent generating and scoring it.
         weight_sync_s: seconds the worker spent loading weights for it.
+        events: the worker's own spans (idle, load, generate, score) since its last batch,
+            for events.jsonl (telemetry/events.py); its sequences' ride on the trajectories.
     """
 
     index: int
@@ -47,6 +49,7 @@ class RolloutBatch:
     attempt: int = 1
     generate_s: float = 0.0
     weight_sync_s: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from leantrain.models.config import ModelConfig
 from leantrain.settings import Strict
 from leantrain.speculation.config import SpeculativeConfig
 from leantrain.tasks.config import TaskConfig
+from leantrain.telemetry.config import TelemetryConfig
 
 
 class GRPOConfig(Strict):
@@ -193,6 +194,11 @@ class RLConfig(Strict):
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints kept on disk (newest).")
     log_completions: int = Field(
         2, ge=0, description="Sampled completions appended to completions.jsonl each step."
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="Trackers to report to (TensorBoard, W&B, MLflow, trackio) and the "
+        "rollout events of `leantrain view`.",
     )
 
     @model_validator(mode="after")

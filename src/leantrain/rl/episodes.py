@@ -47,6 +47,7 @@ from leantrain.generation import Capabilities, Completion, Engine, FinishReason,
 from leantrain.rl.trajectory import EpisodeEndReason, Trajectory
 from leantrain.tasks.rewards import ScoreResult
 from leantrain.tasks.tool_arith import ToolCall, reply_text
+from leantrain.telemetry.events import SeqTimeline, clock
 
 EpisodeFinishReason = FinishReason | EpisodeEndReason
 
@@ -198,6 +199,7 @@ class _Live:
     turns: int = 0
     used: int = 0  # tokens after the prompt: generated plus environment
     finish: EpisodeFinishReason | None = None
+    timeline: SeqTimeline = field(default_factory=SeqTimeline)  # every turn's, and the tools'
 
     @property
     def row(self) -> Segment:
@@ -310,6 +312,7 @@ class EpisodeRunner:
         the environment should answer, else `ep.finish` says why the episode is over."""
         room = self.env.episode_tokens - ep.used
         ids, logprobs = c.response_ids[:room], c.logprobs[:room]
+        ep.timeline.then(c.timeline)
         ep.row.append(ids, logprobs)
         ep.used += len(ids)
         ep.turns += 1
@@ -337,6 +340,9 @@ class EpisodeRunner:
         """Answer each caller's tool call (in the sandbox, concurrently) with environment tokens."""
         if not callers:
             return
+        now = clock()
+        for ep in callers:
+            ep.timeline.pause(now, "tool")
         with ThreadPoolExecutor(max_workers=min(_MAX_TOOL_THREADS, len(callers))) as pool:
             calls = list(pool.map(self.env.call_tool, [ep.turn_text for ep in callers]))
         for ep, call in zip(callers, calls, strict=True):
@@ -380,6 +386,7 @@ class EpisodeRunner:
             tool_calls=ep.tool_calls,
             turns=ep.turns,
             text=ep.text,
+            timeline=ep.timeline,
         )
 
 
@@ -407,6 +414,7 @@ def episode_trajectories(
             text=episode.text,
             error=score.error,
             pixel_values=pixel_values,
+            timeline=episode.timeline if i == 0 else None,  # one sequence, however many rows
         )
-        for s in episode.segments
+        for i, s in enumerate(episode.segments)
     ]

@@ -171,7 +171,14 @@ class GRPORun:
         return self.learner.version
 
     def _setup_outputs(self, resume: bool) -> None:
-        folder = RunFolder.open(self.out, resume=resume, resumable=True)
+        folder = RunFolder.open(
+            self.out,
+            resume=resume,
+            resumable=True,
+            telemetry=self.config.telemetry,
+            params=self.config.model_dump(mode="json"),
+        )
+        self.folder = folder
         self.metrics, self.completions = folder.metrics, folder.completions
         self.ckpt_root = folder.checkpoints
         if resume:
@@ -202,7 +209,9 @@ class GRPORun:
         cfg = self.config
         if self.accuracy_before is None:
             self.accuracy_before = self.evaluate()
-        orchestrator = Orchestrator(cfg, self.learner, self.source, self.log_step)
+        orchestrator = Orchestrator(
+            cfg, self.learner, self.source, self.log_step, events=self.folder.events
+        )
         start = time.perf_counter()
         with (
             orchestrator,
@@ -247,10 +256,13 @@ class GRPORun:
             ),
             **orchestrator.summary(),
         }
+        if self.folder.events is not None:  # the recording's own cost (telemetry/events.py)
+            summary["seconds_events"] = round(self.folder.events.seconds, 3)
         if self.no_signal.warnings:  # repeated at the end, where a person looks first
             summary["warnings"] = self.no_signal.warnings
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
+        self.folder.close()
         return summary
 
     def log_step(

@@ -51,6 +51,7 @@ from leantrain.rl.learner import Learner
 from leantrain.rl.rollout import RolloutSource
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.rl.trajectory import Trajectory
+from leantrain.telemetry.events import EventLog, SpanTrack
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,9 @@ class Orchestrator:
             a synchronous run).
         log_step: appends each finished step to the run's metrics.
         faults: faults to inject into the workers, for tests.
+        events: where each batch's sequence and worker spans and the trainer's own spans
+            (`publish`, `generate`, `wait`, `train`, `log`: they tile its time) are written;
+            None records nothing.
 
     Attributes:
         generate_s: seconds spent generating batches (workers' time overlaps training).
@@ -300,8 +304,11 @@ class Orchestrator:
         source: RolloutSource,
         log_step: LogStep,
         faults: FaultPlan | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.config = config
+        self.events = events
+        self.track = SpanTrack("trainer", "start")
         self.learner = learner
         self.source = source
         self.log_step = log_step
@@ -365,7 +372,9 @@ class Orchestrator:
         torch.set_num_threads(self._trainer_threads())
         for slot in range(self.pool.workers):
             self.pool.start(slot)
+        self.track.enter("publish", version=self.learner.version)
         self._publish()
+        self.track.enter("log")
         self._start = time.monotonic()
         self.dispatcher.start()
         return self
@@ -379,6 +388,8 @@ class Orchestrator:
         self.dispatcher.stop()
         self.pool.shutdown()
         torch.set_num_threads(self._threads_before)
+        if self.events is not None:
+            self.events.write(self.track.close())
 
     def _publish(self) -> float:
         """Publish the trainer's weights as (step, version); returns seconds. Only workers need
@@ -388,15 +399,19 @@ class Orchestrator:
         self.store.publish(self.learner.steps, self.learner.version, payload)
         return time.perf_counter() - t0
 
-    def _doing(self, what: str, busy: bool) -> None:
+    def _doing(self, what: str, busy: bool, span: str, **attrs: Any) -> None:
+        """The trainer starts `what` (for stall reports), its `span` in events.jsonl."""
         self.trainer.doing, self.trainer.since, self.trainer.busy = what, time.monotonic(), busy
+        self.track.enter(span, **attrs)
 
     def step(self) -> dict[str, Any]:
         """Train on the oldest batch (waiting for it if need be), publish the new weights, log."""
         learner = self.learner
         t0 = time.perf_counter()
         inline_s = self._generate_inline(learner.steps)
-        self._doing(f"waiting for batch {learner.steps}", busy=False)
+        self._doing(
+            f"waiting for batch {learner.steps}", busy=False, span="wait", batch=learner.steps
+        )
         # The dispatcher replaces a dead or stalled worker within timeout_s, at most
         # max_restarts times; past that budget the trainer stops waiting.
         batch: RolloutBatch = self.buffer.get(
@@ -409,13 +424,27 @@ class Orchestrator:
         staleness = [
             learner.version - min(t.versions, default=learner.version) for t in batch.trajectories
         ]
-        self._doing(f"training step {learner.steps + 1}", busy=True)
+        self._doing(
+            f"training step {learner.steps + 1}", busy=True, span="train", batch=batch.index
+        )
         t1 = time.perf_counter()
         stats = learner.step(batch.trajectories, correction=self.correction, is_cap=self.cfg.is_cap)
         train_s = time.perf_counter() - t1
-        self._doing(f"publishing the weights of step {learner.steps}", busy=True)
+        self._doing(
+            f"publishing the weights of step {learner.steps}",
+            busy=True,
+            span="publish",
+            version=learner.version,
+        )
         publish_s = self._publish()
-        self._doing("logging", busy=False)
+        self._doing("logging", busy=False, span="log")
+        if self.events is not None:
+            self.events.write(
+                [*self.track.drain(), *batch.events],
+                batch.trajectories,
+                track=batch.worker,
+                batch=batch.index,
+            )
         self.max_staleness_seen = max(self.max_staleness_seen, *staleness)
         self.weight_sync_s.append(publish_s + batch.weight_sync_s)
         self.generation_idle = self._generation_idle()
@@ -449,7 +478,13 @@ class Orchestrator:
         attempt = self.dispatcher.claim(index)
         if attempt is None:
             return 0.0
-        self._doing(f"generating batch {index} itself (no worker ready)", busy=True)
+        self._doing(
+            f"generating batch {index} itself (no worker ready)",
+            busy=True,
+            span="generate",
+            batch=index,
+            version=self.learner.version,
+        )
         t0 = time.perf_counter()
         trajectories = self.source.rollout(index, self.learner.version)
         seconds = time.perf_counter() - t0

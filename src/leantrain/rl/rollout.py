@@ -89,6 +89,7 @@ def to_trajectory(
         group_id=group,
         text=text,
         error=score.error,
+        timeline=c.timeline,
     )
 
 

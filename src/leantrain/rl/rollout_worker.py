@@ -29,6 +29,7 @@ from leantrain.rl.buffer import RolloutBatch
 from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout import RolloutSource, rollout_backend
 from leantrain.tasks import make_task
+from leantrain.telemetry.events import SeqTimeline, SpanTrack
 
 # Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
 _SEGMENT_SEED_STRIDE = 1_000_033
@@ -71,6 +72,7 @@ class RolloutWorker:
     """One policy copy and engine; `generate` turns (step, version) into a scored batch."""
 
     def __init__(self, config: RLConfig, name: str, faults: FaultPlan | None = None) -> None:
+        self.track = SpanTrack(name, "start")  # this worker's spans, sent with each batch
         self.config = config
         self.name = name
         self.faults = faults or FaultPlan()
@@ -83,6 +85,7 @@ class RolloutWorker:
         backend = rollout_backend(config, model, tokenizer, task)
         self.source = RolloutSource(config, backend, tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
+        self.track.enter("idle")
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> float:
         """Load a published version (a state dict) into this worker's backend; returns
@@ -109,7 +112,9 @@ class RolloutWorker:
                     f"{self.name} holds version {self.version} but was sent no weights for "
                     f"version {version}"
                 )
+            self.track.enter("load", batch=index, version=version)
             sync_s += self.load(version, weights)
+        self.track.enter("generate", batch=index, version=version)
         t0 = time.perf_counter()
         if self.config.orchestrator.mode == "partial":
             examples, prompts, seed = self.source.batch(index)
@@ -119,7 +124,9 @@ class RolloutWorker:
             examples, completions = self.source.sample(index)
             versions = [[version] * len(c.response_ids) for c in completions]
         self.faults.strike(index, attempt)
+        self.track.enter("score", batch=index)
         trajectories = self.source.score(examples, completions, versions)
+        self.track.enter("idle")
         return RolloutBatch(
             index=index,
             trajectories=trajectories,
@@ -128,6 +135,7 @@ class RolloutWorker:
             attempt=attempt,
             generate_s=time.perf_counter() - t0 - switch_s,
             weight_sync_s=sync_s + switch_s,
+            events=self.track.drain(),
         )
 
     def _segments(
@@ -139,7 +147,7 @@ class RolloutWorker:
         budget = sampling.max_new_tokens
         segment_tokens = min(budget, self.config.orchestrator.segment_tokens)
         segment = sampling.model_copy(update={"max_new_tokens": segment_tokens})
-        partial = [Completion(list(p), [], [], "length") for p in prompts]
+        partial = [Completion(list(p), [], [], "length", timeline=SeqTimeline()) for p in prompts]
         versions: list[list[int]] = [[] for _ in prompts]
         sync_s = 0.0
         live = list(range(len(prompts)))
@@ -160,6 +168,7 @@ class RolloutWorker:
                 room = budget - len(c.response_ids)
                 c.response_ids += out.response_ids[:room]
                 c.logprobs += out.logprobs[:room]
+                c.timeline.then(out.timeline)  # the time between segments is a `wait` span
                 versions[i] += [self.version] * min(room, len(out.response_ids))
                 if out.finish_reason != "length" and len(out.response_ids) <= room:
                     c.finish_reason = out.finish_reason  # eos or stop: finished

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from leantrain.generation import FinishReason
+from leantrain.telemetry.events import SeqTimeline
 
 # A multi-turn episode (rl/episodes.py) can also end on its turn limit or its token budget.
 EpisodeEndReason = Literal["max_turns", "budget"]
@@ -32,6 +33,9 @@ class Trajectory:
         error: a reward function's exception message, if scoring failed.
         pixel_values: (n_images, C, H, W) the prompt's images for a vision-language model, in
             the order their image tokens appear in `prompt_ids`; None for a text prompt.
+        timeline: when the sequence went through the backend (telemetry/events.py), for the
+            run's events.jsonl; None where not recorded (an episode's forked rows after the
+            first, which share the first row's).
     """
 
     prompt_ids: list[int]
@@ -46,6 +50,7 @@ class Trajectory:
     text: str = ""
     error: str | None = None
     pixel_values: torch.Tensor | None = None
+    timeline: SeqTimeline | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

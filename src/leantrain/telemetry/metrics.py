@@ -5,30 +5,46 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 
 class JsonlSink:
-    """Appends one JSON object per call to a file, flushed at once so a crash loses nothing."""
+    """Appends one JSON object per call to a file, flushed at once so a crash loses nothing.
 
-    def __init__(self, path: Path) -> None:
+    Args:
+        path: the file.
+        also: called with every record written (the trackers a run reports to).
+    """
+
+    def __init__(self, path: Path, also: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.also = also
 
     def write(self, record: Mapping[str, Any]) -> None:
+        self.write_many([record])
+
+    def write_many(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append `records` in one write."""
+        if not records:
+            return
         with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=float) + "\n")
+            f.write("".join(json.dumps(r, default=float) + "\n" for r in records))
+        if self.also is not None:
+            for record in records:
+                self.also(record)
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
 
-    def truncate_after(self, step: int) -> None:
-        """Drop records past `step` (used on resume, so replayed steps are not logged twice)."""
-        kept = [r for r in self.read() if r.get("step", -1) <= step]
+    def truncate_after(self, step: int, key: str = "step") -> None:
+        """Drop records whose `key` is past `step` (used on resume, so replayed steps are not
+        logged twice); records without `key` stay."""
+        kept = [r for r in self.read() if r.get(key, -1) <= step]
         self.path.write_text("".join(json.dumps(r, default=float) + "\n" for r in kept))
 
 

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from leantrain.models.config import ModelConfig
 from leantrain.settings import Strict
+from leantrain.telemetry.config import TelemetryConfig
 
 
 class ZOTaskConfig(Strict):
@@ -118,6 +119,10 @@ class ZOConfig(Strict):
         "auto", description="auto picks CUDA if present."
     )
     out: Path = Field(Path("runs/zo"), description="Run folder: metrics, plot, summary, model.")
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig,
+        description="Trackers to report to (TensorBoard, W&B, MLflow, trackio).",
+    )
     save: Literal["merged", "adapter", "none"] = Field(
         "merged",
         description="The result in out/model: merged (an ordinary HF model folder; LoRA folded "

@@ -119,7 +119,10 @@ class ZORun:
             )
 
     def _setup_outputs(self) -> None:
-        self.metrics = RunFolder.open(self.out).metrics
+        self.folder = RunFolder.open(
+            self.out, telemetry=self.config.telemetry, params=self.config.model_dump(mode="json")
+        )
+        self.metrics = self.folder.metrics
 
     # ------------------------------------------------------------------ steps
     def step(self, index: int) -> dict[str, Any]:
@@ -187,6 +190,7 @@ class ZORun:
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
+        self.folder.close()
         return summary
 
     def _save(self) -> str | None:

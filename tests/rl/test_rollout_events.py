@@ -1,0 +1,202 @@
+"""events.jsonl of real runs in every mode and worker kind (sync, async threads, partial, worker
+processes, Ray actors, multi-turn episodes): every track's spans tile its time, every sequence's
+spans tile its life and nest in its worker's `generate` span of its batch, every batch's every
+sequence is there once, the trainer's track covers the run, and versions are the ones sampled."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leantrain.rl.config import RLConfig
+from leantrain.rl.episodes import EpisodeRunner
+from leantrain.rl.grpo import GRPORun
+from leantrain.rl.orchestrator import Orchestrator
+from leantrain.settings import load_settings
+from leantrain.tasks.tool_arith import ToolCall
+
+PROMPTS, GROUP, STEPS = 2, 3, 3
+
+
+def _config(tmp_path: Path, name: str, path: str | None = None, **overrides: Any) -> RLConfig:
+    settings = {
+        "model.name": "tiny",
+        "steps": STEPS,
+        "out": tmp_path / name,
+        "device": "cpu",
+        "task.eval_size": 2,
+        "sampling.max_new_tokens": 24,
+        "grpo.prompts_per_step": PROMPTS,
+        "grpo.group_size": GROUP,
+        "checkpoint_every": 100,
+        **overrides,
+    }
+    return load_settings(RLConfig, path, **settings)
+
+
+def _events(run: GRPORun) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run.out / "events.jsonl").read_text().splitlines()]
+
+
+def _tiles(spans: list[dict[str, Any]], what: str) -> None:
+    for a, b in itertools.pairwise(spans):
+        assert a["t1"] == b["t0"], (
+            f"{what}: {a['name']} ends at {a['t1']}, {b['name']} at {b['t0']}"
+        )
+    assert all(s["t0"] <= s["t1"] for s in spans), what
+
+
+def check_events(events: list[dict[str, Any]], steps: int = STEPS) -> dict[tuple, list[dict]]:
+    """The invariants every run's events keep; returns each sequence's spans by
+    (track, batch, seq)."""
+    own: dict[str, list[dict]] = defaultdict(list)
+    seqs: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        if "seq" in e:
+            seqs[e["track"], e["batch"], e["seq"]].append(e)
+        else:
+            own[e["track"]].append(e)
+    for track, spans in own.items():  # a track's spans tile its time: no gap, no overlap
+        spans.sort(key=lambda s: s["t0"])
+        _tiles(spans, track)
+    trainer = own["trainer"]
+    assert [s["name"] for s in trainer].count("train") == steps
+    start, end = trainer[0]["t0"], trainer[-1]["t1"]
+    for track, spans in own.items():  # the trainer's track covers everything else
+        assert start <= spans[0]["t0"] and spans[-1]["t1"] <= end, track
+    per_batch: dict[int, int] = defaultdict(int)
+    for (track, batch, seq), spans in seqs.items():
+        spans.sort(key=lambda s: (s["t0"], s["name"] == "finish"))
+        _tiles(spans, f"{track} batch {batch} seq {seq}")
+        assert spans[0]["name"] == "queue" and [s["name"] for s in spans].count("finish") == 1
+        assert spans[-1]["name"] == "finish"
+        decoded = sum(s.get("tokens", 0) for s in spans[:-1])
+        assert decoded == spans[-1]["tokens"] > 0
+        generate = [s for s in own[track] if s["name"] == "generate" and s["batch"] == batch]
+        assert len(generate) == 1, (track, batch)
+        assert generate[0]["t0"] <= spans[0]["t0"] and spans[-1]["t1"] <= generate[0]["t1"]
+        per_batch[batch] += 1
+    assert per_batch == {b: PROMPTS * GROUP for b in range(steps)}
+    return seqs
+
+
+def _versions(seqs: dict[tuple, list[dict]]) -> dict[int, set[int]]:
+    """The policy versions of each batch's decoding spans."""
+    out: dict[int, set[int]] = defaultdict(set)
+    for (_, batch, _), spans in seqs.items():
+        out[batch] |= {s["version"] for s in spans if s["name"] in ("decode", "speculate")}
+    return out
+
+
+def test_a_sync_run_records_the_trainers_rollouts(tiny_path: Path, tmp_path: Path) -> None:
+    run = GRPORun(_config(tmp_path, "sync"), progress=False)
+    summary = run.run()
+    seqs = check_events(_events(run))
+    assert {track for track, _, _ in seqs} == {"trainer"}
+    assert _versions(seqs) == {b: {b} for b in range(STEPS)}  # batch n is sampled on version n
+    assert summary["seconds_events"] > 0
+
+
+@pytest.mark.parametrize("mode", ["async", "partial"])
+def test_thread_workers_record_their_spans(mode: str, tiny_path: Path, tmp_path: Path) -> None:
+    cfg = _config(
+        tmp_path,
+        mode,
+        **{
+            "orchestrator.mode": mode,
+            "orchestrator.max_staleness": 1,
+            "orchestrator.segment_tokens": 8,
+        },
+    )
+    run = GRPORun(cfg, progress=False)
+    run.run()
+    events = _events(run)
+    seqs = check_events(events)
+    assert {track for track, _, _ in seqs} == {"worker-0.1"}
+    worker = {s["name"] for s in events if s["track"] == "worker-0.1" and "seq" not in s}
+    assert {"start", "idle", "generate", "score"} <= worker
+    for batch, versions in _versions(seqs).items():  # bounded staleness, seen per span
+        assert versions <= {batch - 1, batch}
+    if mode == "partial":  # segments: sequences wait between them, re-queued on newer weights
+        assert any(s["name"] == "wait" for spans in seqs.values() for s in spans)
+
+
+@dataclass
+class EchoTool:
+    """A tool environment the tiny model uses untaught: every line is a call, answered "ok"."""
+
+    max_turns: int = 3
+    episode_tokens: int = 40
+    tool_stop: str = "\n"
+    multi_turn: bool = True
+
+    def call_tool(self, turn_text: str) -> ToolCall:
+        return ToolCall(code=turn_text, outcome="ok", output="ok")
+
+
+def test_multi_turn_episodes_record_turns_and_tool_calls(tiny_path: Path, tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "tools", "configs/tiny-tools.yaml", max_cache_tokens=256)
+    run = GRPORun(cfg, progress=False)
+    run.source.backend = EpisodeRunner(run.source.backend.engine, EchoTool())
+    run.run()
+    seqs = check_events(_events(run))  # one sequence per episode, however many turns
+    names = [s["name"] for spans in seqs.values() for s in spans]
+    assert names.count("tool") > 0 and names.count("prefill") > names.count("finish")
+
+
+_NO_RAY = importlib.util.find_spec("ray") is None
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest):
+    if request.param == "ray":
+        if _NO_RAY:
+            if os.environ.get("CI"):
+                pytest.fail("ray is missing (pip install 'leantrain[ray]')")
+            pytest.skip("needs ray")
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield "ray"
+        ray.shutdown()
+    else:
+        yield request.param
+
+
+@pytest.mark.slow  # a worker process or actor starts (imports torch): ~10-20 s
+@pytest.mark.parametrize("backend", ["process", "ray"], indirect=True)
+def test_worker_processes_send_their_events_with_their_batches(
+    backend: str, tiny_path: Path, tmp_path: Path
+) -> None:
+    cfg = _config(
+        tmp_path,
+        backend,
+        **{
+            "orchestrator.mode": "async",
+            "orchestrator.backend": backend,
+            "orchestrator.max_staleness": 1,
+            "orchestrator.timeout_s": 60.0,
+        },
+    )
+    run = GRPORun(cfg, progress=False)
+    events = run.folder.events
+    with Orchestrator(run.config, run.learner, run.source, run.log_step, events=events) as o:
+        o.step()  # the worker still starts: the trainer generates batch 0 itself
+        deadline = time.monotonic() + 60
+        while not o.pool.ready(0):
+            assert time.monotonic() < deadline, "the worker never became ready"
+            time.sleep(0.1)
+        while run.step < cfg.steps:
+            o.step()
+    seqs = check_events(_events(run))
+    tracks = {track for track, _, _ in seqs}
+    assert "trainer" in tracks and any(t.startswith(f"{backend}-worker-0.") for t in tracks)
