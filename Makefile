@@ -23,8 +23,8 @@ demo: $(STAMP)
 	$(BIN)/leantrain demo
 
 # The docs site first (a broken link or API reference fails it), then the suite. Tests marked
-# `rebuild` (tiny-vl built from its recipe, about 16 minutes of one core) run in
-# `make check-presets` instead.
+# `rebuild` (shipped presets rebuilt from their recipes: host-dependent bits, 16 minutes for
+# tiny-vl) run in `make check-presets` instead.
 test: $(STAMP) browser
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
@@ -33,7 +33,8 @@ test: $(STAMP) browser
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# Every shipped preset build against a fresh build from its recipe, bit for bit (slow).
+# Every shipped preset build against a fresh build from its recipe, bit for bit (slow; holds on
+# a machine of the CPU family that made them: other float kernels give other last bits).
 check-presets: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "rebuild or slow" tests/models/presets
 

@@ -1,6 +1,11 @@
 """Preset builds are bit-identical for their recipe and seed, whatever the caller's thread count,
 the hash seed and the machine's load (issue: `make test` failed on a fresh machine because the
-first process to build a preset decided its weights), and equal to the build the package ships."""
+first process to build a preset decided its weights).
+
+Bit-identical on one machine, not across machines: CPUs of another family pick other float
+kernels (MKL, oneDNN) and an 80-second training run amplifies their last-bit differences, so
+the builds the package ships (made on the project's machine) are compared with fresh ones only by
+`make check-presets` (tests/models/presets/test_shipped.py, marked `rebuild`)."""
 
 from __future__ import annotations
 
@@ -53,14 +58,12 @@ def test_two_fresh_builds_of_tiny_are_bit_identical(tmp_path: Path, tiny_path: P
     finally:
         spin.kill()
         spin.wait()
-    # Same recipe, same folder name under each home; and the same bits as the suite's `tiny`, the
-    # build the package ships (conftest's `tiny_path` copies it).
+    # Same recipe, same folder name under each home (the shipped build's); the same bits.
     assert [f.name for f in folders] == [tiny_path.name, tiny_path.name]
-    weights = [load_file(f / "model.safetensors") for f in [*folders, tiny_path]]
-    assert set(weights[0]) == set(weights[1]) == set(weights[2])
-    for name in weights[0]:
-        for other in weights[1:]:
-            assert (weights[0][name] - other[name]).abs().max().item() == 0.0, name
+    first, second = (load_file(f / "model.safetensors") for f in folders)
+    assert set(first) == set(second)
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
 
 
 def test_a_build_runs_at_fixed_threads_and_leaves_the_caller_as_it_was(tmp_path: Path) -> None:
