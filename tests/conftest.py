@@ -15,6 +15,7 @@ from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
 from leantrain.rl.config import RLConfig
 from leantrain.settings import load_settings
+from leantrain.training.threads import claim_threads
 
 TEXTS = [
     "sum 3 5 2 7\n",
@@ -33,8 +34,10 @@ def one_thread_per_module():
     # Two xdist workers on two cores: one intra-op thread each avoids oversubscription; and ops
     # on a 1 M-parameter model take microseconds, where a second thread only adds fan-out cost
     # (OpenMP spin-waits on a busy machine turn them into ms). Set per module, so a run that
-    # changed the count (`threads:`) does not leak it into the next module.
-    torch.set_num_threads(1)
+    # changed the count (`threads:`) does not leak it into the next module. Claimed, not only
+    # set: a worker registers as a leantrain process, so a command a test starts (the docs'
+    # commands) takes its share of the cores beside the workers instead of all of them.
+    claim_threads(1)
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,8 @@ ThreadsOpt = Annotated[
     int | None,
     typer.Option(
         "--threads",
-        help="Torch intra-op threads of this process (default: one per core). A run repeats bit "
-        "for bit at the same count.",
+        help="Torch intra-op threads of this process (default: its share of the usable cores "
+        "among the leantrain commands running, followed while it runs). A run repeats bit for "
+        "bit at the same count.",
     ),
 ]

@@ -97,8 +97,10 @@ def demo_config(
 
 def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
     from leantrain.rl.grpo import GRPORun  # heavy imports only once arguments are valid
+    from leantrain.training.threads import claim_threads
 
     quiet_libraries()
+    claim_threads(cfg.threads)
     run = GRPORun(cfg, progress=True, resume=resume)
     console.print(
         f"GRPO: model [bold]{cfg.model.name}[/], task [bold]{cfg.task.name}[/], "

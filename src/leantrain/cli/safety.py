@@ -15,6 +15,7 @@ from leantrain.cli.common import (
     OutOpt,
     OverrideOpt,
     StepsOpt,
+    ThreadsOpt,
     command_settings,
     console,
     quiet_libraries,
@@ -22,6 +23,7 @@ from leantrain.cli.common import (
 )
 from leantrain.errors import LeantrainError
 from leantrain.safety.config import AuditConfig, ElicitConfig, UnlearnConfig
+from leantrain.training.threads import claim_threads
 
 elicit_app = typer.Typer(
     help="Sandbagging elicitation: password-lock the tiny model, then try to unlock it.",
@@ -50,8 +52,10 @@ def unlearn(
     config: ConfigOpt = None,
     override: OverrideOpt = None,
     steps: StepsOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Unlearn the private-facts forget set from the memorised tiny model; model folder to --out."""
+    claim_threads(threads)
     from leantrain.safety.unlearn import unlearn_to_folder
 
     out = _need_out(out)
@@ -75,8 +79,10 @@ def audit(
     baselines: Annotated[
         bool, typer.Option(help="Also audit the memorised and the retain-only models.")
     ] = True,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Attack an unlearned model (direct, in-context, relearn, probes); report to --out."""
+    claim_threads(threads)
     from leantrain.safety.audit import audit_folders, markdown_table, write_report
     from leantrain.safety.memorise import ensure_memorised, recipe_of
 
@@ -99,9 +105,15 @@ def audit(
 
 @elicit_app.command("lock")
 @user_errors_exit_2
-def elicit_lock(out: OutOpt = None, config: ConfigOpt = None, override: OverrideOpt = None) -> None:
+def elicit_lock(
+    out: OutOpt = None,
+    config: ConfigOpt = None,
+    override: OverrideOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
     """Password-lock the tiny model: full skill with the password, sandbagging without it (the
     locking SFT's length: -o lock_steps=N)."""
+    claim_threads(threads)
     from leantrain.safety.elicit import lock
 
     out = _need_out(out)
@@ -125,8 +137,10 @@ def elicit_run(
     out: OutOpt = None,
     config: ConfigOpt = None,
     override: OverrideOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Elicit a locked model without its password: SFT on weak demos, RL on a weak grader, both."""
+    claim_threads(threads)
     from leantrain.safety.elicit import STRATEGIES, elicit
 
     if strategy not in STRATEGIES:

@@ -27,12 +27,14 @@ from leantrain.cli.common import (
     OverrideOpt,
     SeedOpt,
     StepsOpt,
+    ThreadsOpt,
     command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
 from leantrain.errors import LeantrainError
+from leantrain.training.threads import claim_threads
 
 if TYPE_CHECKING:  # heavy imports wait until the arguments are valid
     from leantrain.memory.config import TuneConfig
@@ -68,8 +70,10 @@ def tune(
     device: DeviceOpt = None,
     seed: SeedOpt = None,
     sequence_parallel: ParallelOpt = 1,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Supervised fine-tuning; writes metrics, a plot, completions and a summary to --out."""
+    claim_threads(threads)
     from leantrain.memory.config import TuneConfig
 
     options = {

@@ -17,12 +17,14 @@ from leantrain.cli.common import (
     OutOpt,
     OverrideOpt,
     SeedOpt,
+    ThreadsOpt,
     command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
 from leantrain.errors import LeantrainError
+from leantrain.training.threads import claim_threads
 
 value_app = typer.Typer(
     help="Data valuation and pricing: entropy, TracIn, Data Shapley, Merkle commitments.",
@@ -49,8 +51,10 @@ def value(
     out: OutOpt = None,
     device: DeviceOpt = None,
     seed: SeedOpt = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Per-row scores (CSV, JSON), prices, the Merkle root and an HTML report, written to --out."""
+    claim_threads(threads)
     if ctx.invoked_subcommand is not None:
         return
     from leantrain.data.config import ValueConfig

@@ -16,12 +16,14 @@ from leantrain.cli.common import (
     OverrideOpt,
     SeedOpt,
     StepsOpt,
+    ThreadsOpt,
     command_settings,
     console,
     quiet_libraries,
     user_errors_exit_2,
 )
 from leantrain.errors import LeantrainError
+from leantrain.training.threads import claim_threads
 
 
 def register(app: typer.Typer) -> None:
@@ -44,9 +46,11 @@ def zo(
             help="Your JSONL: {prompt, completion} or {text} per line; replaces the config's task.",
         ),
     ] = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Fine-tune with forward passes only (MeZO/SPSA); writes metrics, plot, summary and the
     model (an HF folder) to --out."""
+    claim_threads(threads)
     from leantrain.zo.config import ZOConfig
 
     cfg = command_settings(

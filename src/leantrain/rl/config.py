@@ -177,9 +177,10 @@ class RLConfig(Strict):
     threads: int | None = Field(
         None,
         ge=1,
-        description="Torch intra-op threads of this process, set when the run starts (None: "
-        "leave torch's count, one per core by default). Float sums are split by the thread "
-        "count, so a run repeats bit for bit only at the same count.",
+        description="Torch intra-op threads of this process, set when the run starts (None: from "
+        "the command line, its share of the usable cores among the leantrain commands running, "
+        "followed while it runs; from Python, torch's count). Float sums are split by the "
+        "thread count, so a run repeats bit for bit only at the same count.",
     )
     max_batch_size: int = Field(
         128, ge=1, description="Live sequences in the rollout engine at once."

@@ -61,6 +61,7 @@ from leantrain.tasks import Example, Task, make_task
 from leantrain.tasks.rewards import score_safely
 from leantrain.telemetry import plot_metrics
 from leantrain.training.run_folder import RunFolder
+from leantrain.training.threads import follow_share
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class GRPORun:
         ):
             job = bar.add_task("GRPO", total=cfg.steps, completed=self.step)
             while self.step < cfg.steps:
+                follow_share()
                 record = orchestrator.step()
                 bar.update(
                     job,

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from torch import nn
 
 from leantrain.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from leantrain.training.threads import follow_share
 
 # A step's forward and backward: returns the loss, or the loss and more numbers to log.
 Backward = Callable[[], float | tuple[float, Mapping[str, float]]]
@@ -165,6 +166,7 @@ class SFTLoop:
         ) as bar:
             job = bar.add_task(label, total=steps, completed=self.steps)
             while self.steps < steps:
+                follow_share()
                 stats = self.step(backward)
                 history.append(stats)
                 if on_step is not None:

@@ -27,6 +27,7 @@ from leantrain.models import load_model, pick_device
 from leantrain.tasks import Example, make_task
 from leantrain.telemetry import plot_metrics
 from leantrain.training.run_folder import RunFolder
+from leantrain.training.threads import follow_share
 from leantrain.zo.config import ZOConfig
 from leantrain.zo.data import (
     Pair,
@@ -165,6 +166,7 @@ class ZORun:
         ) as bar:
             job = bar.add_task("ZO", total=cfg.steps)
             for index in range(cfg.steps):
+                follow_share()
                 record = self.step(index)
                 seconds += record["step_s"]
                 self.metrics.write(record)
