@@ -76,7 +76,7 @@ CLAIMS = [
     Claim("ZO engine peak memory / a plain inference forward", "zo_engine.json", "peak_mem_ratio_vs_inference", "<=", 1.1, "{:.2f}x", "issue 5"),
     Claim("ZO engine walks the reference's loss trajectory", "zo_engine.json", "same_losses", "==", True, "{}", "issue 5"),
     Claim("LARS / PEFT LoRA peak step memory at 4096 tokens", "memory.json", "lars_vs_lora_mem_ratio_longest", "<=", 0.67, "{:.3f}", "issue 6; LARS arXiv 2604.22783"),
-    Claim("Ulysses: largest difference from one process", "ulysses.json", "max_abs_diff_vs_single", "<=", 1e-5, "{:.1e}", "issue 6; tests/parallel/test_ulysses.py"),
+    Claim("Ulysses: largest difference from one process", "ulysses.json", "max_abs_diff_vs_single", "<=", 1e-5, "{:.1e}", "issue 6; tests/distributed/test_ulysses.py"),
     Claim("KV routing: KV bytes with half the layers shared", "kv_routing.json", "kv_bytes_ratio_50", "<=", 0.5, "{:.2f}x", "issue 7; arXiv 2604.22782"),
     Claim("KV routing: accuracy drop at 50% shared, routed (points)", "kv_routing.json", "acc_drop_routed_50", "<=", 2.0, "{:.1f}", "issue 7; arXiv 2604.22782"),
     Claim("semantic cache, verified policy: error rate at delta 0.02", "semantic_cache.json", "verified_error_rate", "<=", 0.02, "{:.4f}", "issue 7; vCache"),

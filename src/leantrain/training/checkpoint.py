@@ -22,17 +22,18 @@ def save_checkpoint(
     root: Path,
     step: int,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
     state: dict,
     keep: int,
 ) -> Path:
-    """Write `root/step-NNNNNN/` and keep only the newest `keep` checkpoints."""
+    """Write `root/step-NNNNNN/` and keep only the newest `keep` checkpoints. `optimizer_state`
+    is the optimizer's state dict (gathered whole when the optimizer is sharded)."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     staging = root / f"step-{step:06d}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
-    torch.save(optimizer.state_dict(), staging / "optimizer.pt")
+    torch.save(optimizer_state, staging / "optimizer.pt")
     rng = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
