@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -109,12 +110,11 @@ class GRPORun:
         if not launched_by_torchrun():
             return
         cfg = self.config
-        self.world = join(self.device, cfg.distributed.timeout_s)
-        self.device = self.world.device
+        ranks = int(os.environ["WORLD_SIZE"])  # refused before waiting for the others
         batch = cfg.grpo.prompts_per_step * cfg.grpo.group_size
-        if batch % self.world.size:
+        if batch % ranks:
             raise LeantrainError(
-                f"{self.world.size} ranks do not divide the batch of grpo.prompts_per_step x "
+                f"{ranks} ranks do not divide the batch of grpo.prompts_per_step x "
                 f"grpo.group_size = {cfg.grpo.prompts_per_step} x {cfg.grpo.group_size} = "
                 f"{batch} trajectories; use a rank count that divides it"
             )
@@ -125,6 +125,8 @@ class GRPORun:
             )
         if resume:
             raise NotImplementedError("resuming on more than one rank is not supported yet")
+        self.world = join(self.device, cfg.distributed.timeout_s)
+        self.device = self.world.device
 
     def _setup_model(self) -> None:
         # fp32 master weights everywhere; on CUDA the forward passes run under bf16 autocast.
