@@ -127,6 +127,17 @@ def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str)
         if world.is_main:
             weights = {k: v.clone() for k, v in learner.policy.state_dict().items()}
             torch.save({"weights": weights, "stats": stats}, Path(out) / f"{loss_type}.pt")
+    # Resume: step 1, checkpoint (every rank), a fresh learner loads it (every rank), step 2.
+    first = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
+    first.step(batches[0] if world.is_main else None)
+    path = first.save(Path(out) / "checkpoints", keep=1, state={})
+    assert (path is not None) == world.is_main
+    resumed = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
+    resumed.load(Path(out) / "checkpoints" / "step-000001")
+    assert (resumed.steps, resumed.version) == (1, 1)
+    resumed.step(batches[1] if world.is_main else None)
+    if world.is_main:
+        torch.save(resumed.policy.state_dict(), Path(out) / "resumed.pt")
     leave()
 
 
@@ -175,16 +186,23 @@ def batches() -> list[list[Trajectory]]:
     return _batches()
 
 
+@pytest.fixture(scope="module")
+def two_ranks(batches: list[list[Trajectory]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder where the ranks of `_rank_train` left their weights."""
+    out = tmp_path_factory.mktemp("ranks")
+    assert _spawn(_rank_train, batches, out) == [0, 0]
+    return out
+
+
 def test_two_ranks_equal_one_process_for_every_loss_type(
-    batches: list[list[Trajectory]], tmp_path: Path
+    batches: list[list[Trajectory]], two_ranks: Path
 ) -> None:
-    assert _spawn(_rank_train, batches, tmp_path) == [0, 0]
     torch.set_num_threads(1)
     start = _model().state_dict()
     for loss_type in LOSS_TYPES:
         learner = Learner(_config(loss_type), _model(), torch.device("cpu"))
         stats = [learner.step(batch) for batch in batches]
-        two = torch.load(tmp_path / f"{loss_type}.pt")
+        two = torch.load(two_ranks / f"{loss_type}.pt")
         assert learner.version == STEPS
         for name, weight in learner.model.state_dict().items():
             moved = (weight - start[name]).abs().max().item()
@@ -197,6 +215,16 @@ def test_two_ranks_equal_one_process_for_every_loss_type(
                 assert two_step[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
+def test_two_rank_resume_equals_a_straight_two_rank_run(two_ranks: Path) -> None:
+    """1 step, a checkpoint, a fresh learner resumes from it, 1 step: the same weights as the
+    straight 2-step dapo run on 2 ranks, bit for bit."""
+    straight = torch.load(two_ranks / "dapo.pt")["weights"]
+    resumed = torch.load(two_ranks / "resumed.pt")
+    assert straight.keys() == resumed.keys()
+    for name, weight in straight.items():
+        assert torch.equal(weight, resumed[name]), name
+
+
 def test_a_killed_rank_ends_the_run_with_a_named_error(
     batches: list[list[Trajectory]], tmp_path: Path
 ) -> None:
@@ -207,3 +235,17 @@ def test_a_killed_rank_ends_the_run_with_a_named_error(
     seconds, message = (tmp_path / "error.txt").read_text().split("\n", 1)
     assert float(seconds) < 60
     assert message.startswith("rank 0 of 2: learner step 1 failed: a peer rank")
+
+
+def test_a_missing_rank_is_named_at_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 of 2 alone: the rendezvous gives up after its timeout with a named error."""
+    port = _free_port()
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**env, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    start = time.monotonic()
+    expected = rf"^rank 0 of 2: joining the process group at 127\.0\.0\.1:{port} failed"
+    with pytest.raises(RankError, match=expected):
+        join(torch.device("cpu"), timeout_s=5)
+    assert time.monotonic() - start < 30  # the 5 s timeout, not a hang
+    assert not torch.distributed.is_initialized()

@@ -10,6 +10,7 @@ from leantrain.distributed.launch import run_torchrun, torchrun_command
 from leantrain.distributed.process_group import (
     RankError,
     World,
+    broadcast,
     collective,
     join,
     launched_by_torchrun,
@@ -37,6 +38,7 @@ __all__ = [
     "World",
     "all_reduce_grads",
     "balanced_split",
+    "broadcast",
     "check_heads",
     "collective",
     "decoder_layers",

@@ -17,6 +17,7 @@ import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"
 # Fragments of the messages gloo, NCCL and the TCP store raise when a peer is gone or late
 # (gloo raises a bare RuntimeError: "Connection reset by peer", "Timed out waiting ...").
 _PEER_FAILURES = ("connection", "timed out", "timeout", "socket", "peer")
+
+
+T = TypeVar("T")
 
 
 class RankError(RuntimeError):
@@ -99,6 +103,15 @@ def join(device: torch.device, timeout_s: float) -> World:
             # Every rank has arrived only once a first collective completes.
             dist.barrier()
     return world
+
+
+def broadcast(world: World, obj: T) -> T:
+    """Rank 0's `obj` (any picklable object) on every rank; the others pass anything (None).
+    Raises `RankError` if a peer is gone."""
+    payload = [obj]
+    with collective(world, "a broadcast from rank 0"):
+        dist.broadcast_object_list(payload, src=0)
+    return payload[0]
 
 
 def leave() -> None:

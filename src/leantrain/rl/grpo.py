@@ -47,7 +47,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import ProcessorMixin
 
-from leantrain.distributed import World, join, launched_by_torchrun, leave, single
+from leantrain.distributed import World, broadcast, join, launched_by_torchrun, leave, single
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
@@ -95,16 +95,18 @@ class GRPORun:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        self._setup_world(resume)
+        self._setup_world()
         self._setup_model()
         if self.world.is_main:  # the other ranks only train (`_follow`)
             self._setup_task()
         self._setup_learner()
         if self.world.is_main:
             self._setup_outputs(resume)
+        elif resume:
+            self._resume(None)  # rank 0 says which checkpoint
 
     # ----------------------------------------------------------------- setup
-    def _setup_world(self, resume: bool) -> None:
+    def _setup_world(self) -> None:
         """Join the ranks torchrun started, if any, and refuse what N ranks cannot run yet."""
         self.world: World = single(self.device)
         if not launched_by_torchrun():
@@ -123,8 +125,6 @@ class GRPORun:
                 "more than one rank runs orchestrator.mode: sync without speculative.enabled "
                 "only, for now"
             )
-        if resume:
-            raise NotImplementedError("resuming on more than one rank is not supported yet")
         self.world = join(self.device, cfg.distributed.timeout_s)
         self.device = self.world.device
 
@@ -217,11 +217,17 @@ class GRPORun:
         self.metrics, self.completions = folder.metrics, folder.completions
         self.ckpt_root = folder.checkpoints
         if resume:
-            last = folder.last_checkpoint()
-            if last is not None:
-                self.accuracy_before = self.learner.load(last).get("accuracy_before")
-                log.info("resumed from %s (step %d)", last, self.step)
+            self._resume(folder.last_checkpoint())
             folder.truncate_after(self.step)
+
+    def _resume(self, last: Path | None) -> None:
+        """Load checkpoint `last` (None: start afresh); on N ranks every rank loads the one
+        rank 0 names."""
+        if self.world.size > 1:
+            last = broadcast(self.world, last)
+        if last is not None:
+            self.accuracy_before = self.learner.load(last).get("accuracy_before")
+            log.info("resumed from %s (step %d)", last, self.step)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:

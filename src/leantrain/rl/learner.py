@@ -39,7 +39,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from leantrain.distributed import World, balanced_split, collective, full_state_dict, shard, single
+from leantrain.distributed import (
+    World,
+    balanced_split,
+    broadcast,
+    collective,
+    full_state_dict,
+    shard,
+    single,
+)
 from leantrain.generation.backend import weights_snapshot
 from leantrain.rl.config import RLConfig
 from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
@@ -143,17 +151,21 @@ class Learner:
         """
         with self._collective(f"learner step {self.steps + 1}"):
             if self.world.size > 1:
-                payload = [(trajectories, correction, is_cap)]
-                dist.broadcast_object_list(payload, src=0)
-                trajectories, correction, is_cap = payload[0]
+                trajectories, correction, is_cap = broadcast(
+                    self.world, (trajectories, correction, is_cap)
+                )
             if trajectories is None:
                 raise ValueError("Learner.step needs the step's trajectories (on rank 0)")
             stats = self._step(trajectories, correction, is_cap)
             if self.world.size > 1:
-                full = full_state_dict(self.model)  # rank 0's copy follows every step
-                if self.policy is not None:
-                    self.policy.load_state_dict(full)
+                self._sync_policy()
         return stats
+
+    def _sync_policy(self) -> None:
+        """Rank 0's unsharded copy takes the sharded weights (a collective: every rank calls)."""
+        full = full_state_dict(self.model)
+        if self.policy is not None:
+            self.policy.load_state_dict(full)
 
     def _step(
         self, trajectories: list[Trajectory], correction: str, is_cap: float
@@ -295,16 +307,14 @@ class Learner:
         writes the same single-process checkpoint (so it loads for evaluation anywhere, and
         on any number of ranks); the others return None."""
         optimizer_state = self._optimizer_state()
-        if self.policy is None:
-            return None
-        return save_checkpoint(
-            root,
-            self.steps,
-            self.policy,
-            optimizer_state,
-            {**state, "version": self.version},
-            keep,
-        )
+        path = None
+        if self.policy is not None:
+            state = {**state, "version": self.version}
+            path = save_checkpoint(root, self.steps, self.policy, optimizer_state, state, keep)
+        if self.world.size > 1:  # returns once the checkpoint is on disk, on every rank
+            with self._collective("waiting for rank 0 to write a checkpoint"):
+                dist.barrier()
+        return path
 
     def _optimizer_state(self) -> dict[str, Any]:
         if self.world.size == 1:
@@ -315,11 +325,13 @@ class Learner:
 
     def load(self, path: Path) -> dict[str, Any]:
         """Resume from checkpoint `path`: weights, optimizer, RNG and counters; returns the
-        state saved with it."""
-        if self.world.size > 1:
-            raise NotImplementedError(
-                "resuming a run on more than one rank is not supported yet; resume on one"
-            )
-        state = load_checkpoint(path, self.model, self.optimizer)
+        state saved with it. On N ranks every rank calls it, on a checkpoint written on N ranks
+        (its optimizer state is keyed by parameter name)."""
+        if self.world.size == 1:
+            state = load_checkpoint(path, self.model, self.optimizer)
+        else:
+            with self._collective(f"loading checkpoint {path}"):
+                state = load_checkpoint(path, self.model, self.optimizer, sharded=True)
+                self._sync_policy()
         self.steps, self.version = state["step"], state["version"]
         return state
