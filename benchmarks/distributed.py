@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 warm-up + 3 timed steps")
     args = parser.parse_args()
     warmup, steps = (1, 3) if args.quick else (2, 10)
+    load = os.getloadavg()[0]  # other work on the shared cores: read the timings with it
     torch.set_num_threads(1)
 
     import torch.multiprocessing as mp
@@ -205,6 +206,7 @@ def main() -> None:
         "details": {
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores shared by both ranks",
+            "load_average_1min_at_start": round(load, 2),
             "quick": args.quick,
             "warmup_steps": warmup,
             "timed_steps": steps,

@@ -77,6 +77,8 @@ CLAIMS = [
     Claim("ZO engine walks the reference's loss trajectory", "zo_engine.json", "same_losses", "==", True, "{}", "issue 5"),
     Claim("LARS / PEFT LoRA peak step memory at 4096 tokens", "memory.json", "lars_vs_lora_mem_ratio_longest", "<=", 0.67, "{:.3f}", "issue 6; LARS arXiv 2604.22783"),
     Claim("Ulysses: largest difference from one process", "ulysses.json", "max_abs_diff_vs_single", "<=", 1e-5, "{:.1e}", "issue 6; tests/distributed/test_ulysses.py"),
+    Claim("FSDP learner, 2 ranks: largest weight difference from one process", "distributed.json", "max_abs_diff_2rank", "<=", 1e-6, "{:.1e}", "issue 24; tests/distributed/test_fsdp_learner.py"),
+    Claim("FSDP learner: gradient bytes per step / (W-1)/W x 4 x params", "distributed.json", "bytes_ratio_vs_theory", "<=", 1.01, "{:.4f}", "issue 24"),
     Claim("KV routing: KV bytes with half the layers shared", "kv_routing.json", "kv_bytes_ratio_50", "<=", 0.5, "{:.2f}x", "issue 7; arXiv 2604.22782"),
     Claim("KV routing: accuracy drop at 50% shared, routed (points)", "kv_routing.json", "acc_drop_routed_50", "<=", 2.0, "{:.1f}", "issue 7; arXiv 2604.22782"),
     Claim("semantic cache, verified policy: error rate at delta 0.02", "semantic_cache.json", "verified_error_rate", "<=", 0.02, "{:.4f}", "issue 7; vCache"),
