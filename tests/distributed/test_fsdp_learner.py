@@ -27,7 +27,15 @@ from leantrain.rl.learner import Learner
 from leantrain.rl.packing import pack, packed_logprobs
 from leantrain.rl.trajectory import Trajectory
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+# Each case's GRPO settings: every loss type, then the paths one pass without KL skips (the
+# frozen reference, sharded too; a no-grad proximal forward per micro-batch before 2 passes).
+CASES: dict[str, dict] = {
+    "grpo": {"loss_type": "grpo"},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "dapo": {"loss_type": "dapo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "dapo_kl_two_passes": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2},
+}
 STEPS = 2
 PROMPTS, GROUP = 4, 4  # 16 trajectories a step, dealt to 2 ranks as 5 micro-batches
 JOIN_TIMEOUT_S = 240
@@ -55,7 +63,7 @@ def _model() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).float().eval()
 
 
-def _config(loss_type: str) -> RLConfig:
+def _config(case: str) -> RLConfig:
     return RLConfig(
         steps=STEPS,
         device="cpu",
@@ -64,7 +72,7 @@ def _config(loss_type: str) -> RLConfig:
             "group_size": GROUP,
             "lr": 1e-3,
             "warmup_steps": 0,
-            "loss_type": loss_type,
+            **CASES[case],
             "mask_truncated": True,
             "micro_batch_tokens": 48,
         },
@@ -121,12 +129,12 @@ def _join(rank: int, port: int, timeout_s: float):
 
 def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
     world = _join(rank, port, timeout_s=60)
-    for loss_type in LOSS_TYPES:
-        learner = Learner(_config(loss_type), _model(), torch.device("cpu"), world)
+    for case in CASES:
+        learner = Learner(_config(case), _model(), torch.device("cpu"), world)
         stats = [learner.step(batch if world.is_main else None) for batch in batches]
         if world.is_main:
             weights = {k: v.clone() for k, v in learner.policy.state_dict().items()}
-            torch.save({"weights": weights, "stats": stats}, Path(out) / f"{loss_type}.pt")
+            torch.save({"weights": weights, "stats": stats}, Path(out) / f"{case}.pt")
     # Resume: step 1, checkpoint (every rank), a fresh learner loads it (every rank), step 2.
     first = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
     first.step(batches[0] if world.is_main else None)
@@ -199,16 +207,16 @@ def test_two_ranks_equal_one_process_for_every_loss_type(
 ) -> None:
     torch.set_num_threads(1)
     start = _model().state_dict()
-    for loss_type in LOSS_TYPES:
-        learner = Learner(_config(loss_type), _model(), torch.device("cpu"))
+    for case in CASES:
+        learner = Learner(_config(case), _model(), torch.device("cpu"))
         stats = [learner.step(batch) for batch in batches]
-        two = torch.load(two_ranks / f"{loss_type}.pt")
-        assert learner.version == STEPS
+        two = torch.load(two_ranks / f"{case}.pt")
+        assert learner.version == STEPS * CASES[case].get("num_iterations", 1)
         for name, weight in learner.model.state_dict().items():
             moved = (weight - start[name]).abs().max().item()
             diff = (weight - two["weights"][name]).abs().max().item()
-            assert moved > 1e-4, f"{loss_type}: {name} did not train ({moved})"
-            assert diff <= 1e-6, f"{loss_type}: {name} differs by {diff} on 2 ranks"
+            assert moved > 1e-4, f"{case}: {name} did not train ({moved})"
+            assert diff <= 1e-6, f"{case}: {name} differs by {diff} on 2 ranks"
         for one_step, two_step in zip(stats, two["stats"], strict=True):
             assert two_step.keys() == one_step.keys()
             for key, value in one_step.items():
