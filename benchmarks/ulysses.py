@@ -50,10 +50,10 @@ def rank_worker(rank: int, world: int, port: int, lens: list[int], repeats: int,
     """One rank: for each N, a reference forward on the whole sequence, then measured steps."""
     import torch.distributed as dist
 
+    from leantrain.distributed import COMM, SequenceParallelHooks, sequence_parallel_backward
+    from leantrain.distributed.sequence import shard_batch
     from leantrain.memory import measure_step
     from leantrain.models import load_model
-    from leantrain.parallel import COMM, SequenceParallelHooks, sequence_parallel_backward
-    from leantrain.parallel.training import shard_batch
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

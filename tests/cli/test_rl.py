@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from leantrain.cli import app
 from leantrain.cli.rl import DEMO_SETTINGS, demo_config
+from leantrain.errors import LeantrainError
 from leantrain.rl.config import RLConfig
+from leantrain.rl.grpo import GRPORun
 from leantrain.settings import load_settings
 
 runner = CliRunner()
@@ -93,3 +99,46 @@ def test_a_jsonl_task_s_accuracy_is_on_its_training_rows(tiny_path: Path, tmp_pa
     # Its test draws come from the file's rows, so the table does not call them a test set.
     assert "training-row accuracy before" in result.output and "test accuracy" not in result.output
     assert "2 rows of the data file, greedy" in result.output
+
+
+def test_nproc_per_node_2_equals_one_process(tiny_path: Path, tmp_path: Path) -> None:
+    """`leantrain rl --nproc-per-node 2` re-launches itself under torchrun (`python -m
+    torch.distributed.run ... -m leantrain rl`): 2 gloo ranks train what one process trains."""
+    settings = {
+        "steps": 2,
+        "device": "cpu",
+        "threads": 1,
+        "task.eval_size": 4,
+        "sampling.max_new_tokens": 24,
+        "grpo.prompts_per_step": 2,
+        "grpo.group_size": 4,
+        "grpo.lr": 1e-3,
+    }
+    overrides = [a for k, v in settings.items() for a in ("-o", f"{k}={v}")]
+    two = tmp_path / "two"
+    command = [sys.executable, "-m", "leantrain", "rl", "--nproc-per-node", "2", "--out", str(two)]
+    result = subprocess.run(
+        [*command, *overrides], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "test accuracy after" in result.stdout  # rank 0's table, printed once
+    assert result.stdout.count("leantrain rl") == 1
+    one = GRPORun(load_settings(RLConfig, None, out=tmp_path / "one", **settings), progress=False)
+    one.run()
+    weights = load_file(two / "checkpoints" / "step-000002" / "model.safetensors")
+    trained = one.learner.model.state_dict()
+    for name, value in weights.items():  # a tied LM head is saved once, as the embedding
+        assert (value - trained[name]).abs().max() <= 1e-6, name
+    records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["reward"] for r in records] == [r["reward"] for r in one.metrics.read()]
+
+
+def test_a_rank_count_that_does_not_divide_the_batch_is_refused(
+    small_rl_config: RLConfig, monkeypatch
+) -> None:
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**env, "MASTER_PORT": "1"}.items():  # refused before any connection
+        monkeypatch.setenv(key, value)
+    with pytest.raises(LeantrainError, match=r"3 ranks do not divide the batch of grpo\.prompts"):
+        GRPORun(small_rl_config, progress=False)

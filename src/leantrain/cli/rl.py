@@ -55,21 +55,38 @@ def rl(
     resume: Annotated[
         bool, typer.Option(help="Continue from the last checkpoint in --out.")
     ] = False,
+    nproc_per_node: Annotated[
+        int,
+        typer.Option(
+            "--nproc-per-node",
+            min=1,
+            help="Learner ranks on this machine: the same command re-launched under torchrun, "
+            "data-parallel with FSDP2 (gloo on CPU, NCCL on GPUs); rank 0 generates and logs.",
+        ),
+    ] = 1,
 ) -> None:
     """GRPO post-training on a verifiable task; writes metrics, plots and checkpoints to --out."""
+    from leantrain.distributed import launched_by_torchrun, run_torchrun
     from leantrain.rl.config import RLConfig
 
-    cfg = command_settings(
-        RLConfig,
-        config,
-        override,
-        model=model,
-        steps=steps,
-        out=out,
-        device=device,
-        seed=seed,
-        threads=threads,
-    )
+    options = {
+        "model": model,
+        "steps": steps,
+        "out": out,
+        "device": device,
+        "seed": seed,
+        "threads": threads,
+    }
+    cfg = command_settings(RLConfig, config, override, **options)
+    if nproc_per_node > 1 and not launched_by_torchrun():
+        argv = [] if config is None else ["--config", str(config)]
+        argv += [a for name, v in options.items() if v is not None for a in (f"--{name}", str(v))]
+        argv += [a for item in override or [] for a in ("--override", item)]
+        argv += ["--resume"] if resume else []
+        returncode = run_torchrun(nproc_per_node, ["-m", "leantrain", "rl", *argv])
+        if returncode != 0:
+            raise typer.Exit(code=returncode)
+        return
     _train_and_report(cfg, resume=resume)
 
 
@@ -102,6 +119,9 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
     quiet_libraries()
     claim_threads(cfg.threads)
     run = GRPORun(cfg, progress=True, resume=resume)
+    if not run.world.is_main:  # only trains its share; rank 0 reports
+        run.run()
+        return
     console.print(
         f"GRPO: model [bold]{cfg.model.name}[/], task [bold]{cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"

@@ -4,15 +4,13 @@ sequence-parallel over P processes with Ulysses attention.
 `--sequence-parallel P` re-launches this same command under torchrun with P processes (gloo on
 CPU, NCCL on GPUs); each process joins the group, switches the model's attention to Ulysses and
 trains on its 1/P of every sequence; rank 0 evaluates and writes the run folder. The loop lives in
-`leantrain.memory.sft` and the sequence-parallel step in `leantrain.parallel`; this module is the
+`leantrain.memory.sft` and the sequence-parallel step in `leantrain.distributed`; this module is the
 only place that knows both (they sit on the same layer and may not import each other).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -105,21 +103,15 @@ def _launch(
             argv += [f"--{name}", str(value)]
     for item in override:
         argv += ["--override", item]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={processes}",
-        __file__,  # this module as a script: its `__main__` block runs `tune` alone
-        *argv,
-        "--sequence-parallel",
-        str(processes),
-    ]
-    console.print(f"launching {processes} processes: {' '.join(command[2:])}")
-    result = subprocess.run(command, check=False)
-    if result.returncode != 0:
-        raise typer.Exit(code=result.returncode)
+    from leantrain.distributed.launch import run_torchrun, torchrun_command
+
+    # This module as a script: its `__main__` block runs `tune` alone.
+    target = [__file__, *argv, "--sequence-parallel", str(processes)]
+    shown = " ".join(torchrun_command(processes, target)[2:])
+    console.print(f"launching {processes} processes: {shown}")
+    returncode = run_torchrun(processes, target)
+    if returncode != 0:
+        raise typer.Exit(code=returncode)
 
 
 def _train_and_report(cfg: TuneConfig, sequence_parallel: int) -> None:
@@ -128,11 +120,14 @@ def _train_and_report(cfg: TuneConfig, sequence_parallel: int) -> None:
     quiet_libraries()
     hooks = None
     if sequence_parallel > 1:
-        from leantrain.parallel import SequenceParallelHooks, init_from_env
+        from leantrain.distributed import SequenceParallelHooks, join
+        from leantrain.models import pick_device
 
-        _, world = init_from_env()
-        if world != sequence_parallel:
-            raise LeantrainError(f"--sequence-parallel {sequence_parallel} but {world} processes")
+        world = join(pick_device(cfg.device), timeout_s=600.0)
+        if world.size != sequence_parallel:
+            raise LeantrainError(
+                f"--sequence-parallel {sequence_parallel} but {world.size} processes"
+            )
         hooks = SequenceParallelHooks()
     run = SFTRun(cfg, hooks=hooks)
     if run.hooks.is_main:

@@ -15,7 +15,7 @@ summary.json and completions.jsonl.
 Knows nothing about how several processes split a sequence: a sequence-parallel launcher passes
 a `StepHooks` object (its backward shards the batch and reduces gradients; only the main rank
 evaluates and writes), which is how `leantrain tune --sequence-parallel P` composes this loop
-with `leantrain.parallel` without the two packages importing each other.
+with `leantrain.distributed` without the two packages importing each other.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _EVAL_SEED_OFFSET = 1_000_003
 class StepHooks:
     """How one step's backward runs and who writes: the single-process default. A
     sequence-parallel launcher passes an object with the same members
-    (`leantrain.parallel.SequenceParallelHooks`)."""
+    (`leantrain.distributed.SequenceParallelHooks`)."""
 
     is_main: bool = True
 

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from leantrain.distributed.config import DistributedConfig
 from leantrain.generation.config import SamplingParams
 from leantrain.models.config import ModelConfig
 from leantrain.settings import Strict
@@ -200,6 +201,10 @@ class RLConfig(Strict):
         default_factory=TelemetryConfig,
         description="Trackers to report to (TensorBoard, W&B, MLflow, trackio) and the "
         "rollout events of `leantrain view`.",
+    )
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig,
+        description="Data-parallel learner ranks (launched by torchrun or `--nproc-per-node`).",
     )
 
     @model_validator(mode="after")

@@ -15,6 +15,12 @@ in every `orchestrator.mode`: in sync mode the trainer's own source generates ea
 async or partial mode sources in workers run ahead of the learner. This file sets them up, runs
 the loop, evaluates before and after, logs every step and checkpoints.
 
+On N ranks (torchrun, or `leantrain rl --nproc-per-node N`), rank 0 is this whole run: it
+generates every batch, evaluates, logs, checkpoints and publishes; every rank trains its share of
+each batch through the one `Learner` (rl/learner.py says how), and the other ranks do nothing
+else (`_follow`). Generation stays on rank 0 because a batch is then one batch whatever the
+backend's numerics; with vLLM servers it runs elsewhere anyway.
+
     from leantrain.rl.config import RLConfig
     from leantrain.rl.grpo import GRPORun
     from leantrain.settings import load_settings
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import ProcessorMixin
 
+from leantrain.distributed import World, broadcast, join, launched_by_torchrun, leave, single
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.vision import is_vision_config, load_processor
@@ -88,12 +96,39 @@ class GRPORun:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
+        self._setup_world()
         self._setup_model()
-        self._setup_task()
+        if self.world.is_main:  # the other ranks only train (`_follow`)
+            self._setup_task()
         self._setup_learner()
-        self._setup_outputs(resume)
+        if self.world.is_main:
+            self._setup_outputs(resume)
+        elif resume:
+            self._resume(None)  # rank 0 says which checkpoint
 
     # ----------------------------------------------------------------- setup
+    def _setup_world(self) -> None:
+        """Join the ranks torchrun started, if any, and refuse what N ranks cannot run yet."""
+        self.world: World = single(self.device)
+        if not launched_by_torchrun():
+            return
+        cfg = self.config
+        ranks = int(os.environ["WORLD_SIZE"])  # refused before waiting for the others
+        batch = cfg.grpo.prompts_per_step * cfg.grpo.group_size
+        if batch % ranks:
+            raise LeantrainError(
+                f"{ranks} ranks do not divide the batch of grpo.prompts_per_step x "
+                f"grpo.group_size = {cfg.grpo.prompts_per_step} x {cfg.grpo.group_size} = "
+                f"{batch} trajectories; use a rank count that divides it"
+            )
+        if cfg.orchestrator.mode != "sync" or cfg.speculative.enabled:
+            raise NotImplementedError(
+                "more than one rank runs orchestrator.mode: sync without speculative.enabled "
+                "only, for now"
+            )
+        self.world = join(self.device, cfg.distributed.timeout_s)
+        self.device = self.world.device
+
     def _setup_model(self) -> None:
         # fp32 master weights everywhere; on CUDA the forward passes run under bf16 autocast.
         self.model, self.tokenizer = load_model(
@@ -157,7 +192,7 @@ class GRPORun:
 
     def _setup_learner(self) -> None:
         # After the vision tower is frozen: the optimizer holds no state for frozen weights.
-        self.learner = Learner(self.config, self.model, self.device)
+        self.learner = Learner(self.config, self.model, self.device, self.world)
         self.accuracy_before: float | None = None
         self.no_signal = NoSignalWatch(lambda t: accuracy_part(t.rewards))
 
@@ -183,11 +218,17 @@ class GRPORun:
         self.metrics, self.completions = folder.metrics, folder.completions
         self.ckpt_root = folder.checkpoints
         if resume:
-            last = folder.last_checkpoint()
-            if last is not None:
-                self.accuracy_before = self.learner.load(last).get("accuracy_before")
-                log.info("resumed from %s (step %d)", last, self.step)
+            self._resume(folder.last_checkpoint())
             folder.truncate_after(self.step)
+
+    def _resume(self, last: Path | None) -> None:
+        """Load checkpoint `last` (None: start afresh); on N ranks every rank loads the one
+        rank 0 names."""
+        if self.world.size > 1:
+            last = broadcast(self.world, last)
+        if last is not None:
+            self.accuracy_before = self.learner.load(last).get("accuracy_before")
+            log.info("resumed from %s (step %d)", last, self.step)
 
     # ------------------------------------------------------------------ eval
     def evaluate(self, examples: list[Example] | None = None) -> float:
@@ -206,8 +247,11 @@ class GRPORun:
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
-        """Train for `config.steps` steps (from the resumed step); returns the run summary."""
+        """Train for `config.steps` steps (from the resumed step); returns the run summary
+        (on rank 0; the other ranks return {})."""
         cfg = self.config
+        if not self.world.is_main:
+            return self._follow()
         if self.accuracy_before is None:
             self.accuracy_before = self.evaluate()
         orchestrator = Orchestrator(
@@ -234,7 +278,7 @@ class GRPORun:
                     advance=1,
                     description=f"GRPO reward {record['reward']:.2f} acc {record['accuracy']:.2f}",
                 )
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                if self._checkpoint_due():
                     self._checkpoint()
         # The training loop's time only: the test evaluations before and after are not steps.
         seconds_total = time.perf_counter() - start
@@ -265,7 +309,18 @@ class GRPORun:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         plot_metrics(self.metrics.read(), PLOT_KEYS, self.out / "metrics.png", title=str(self.out))
         self.folder.close()
+        leave()
         return summary
+
+    def _follow(self) -> dict[str, Any]:
+        """A rank other than 0: one learner step on each batch rank 0 sends, and its part of
+        the checkpoints at the steps rank 0 writes them."""
+        while self.step < self.config.steps:
+            self.learner.step(None)
+            if self._checkpoint_due():  # gathers the optimizer state; rank 0 writes
+                self.learner.save(self.out, self.config.keep_checkpoints, {})
+        leave()
+        return {}
 
     def log_step(
         self,
@@ -335,6 +390,9 @@ class GRPORun:
         if self.long_tail is not None:  # acceptance length, drafted fraction, drafter loss
             record.update(self.long_tail.metrics())
         return record
+
+    def _checkpoint_due(self) -> bool:
+        return self.step % self.config.checkpoint_every == 0 or self.step == self.config.steps
 
     def _checkpoint(self) -> None:
         state = {"accuracy_before": self.accuracy_before}

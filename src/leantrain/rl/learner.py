@@ -7,6 +7,17 @@ nothing about where trajectories come from (rl/rollout.py) or how they are sched
 One `step` per rollout batch: `num_iterations` optimizer steps on it (each one version), at the
 learning rate the schedule gives that step. A non-finite loss or gradient skips the update
 (weights untouched, `skipped: 1`) instead of corrupting the weights.
+
+Data-parallel over N ranks (`World.size > 1`, launched by torchrun): rank 0 hands the step's
+trajectories to every rank (one broadcast), every rank packs the same micro-batches and computes
+the same whole-step `LossContext` (so every loss type divides by global counts with no further
+communication), and the micro-batches are dealt to the ranks balanced by tokens
+(`distributed.balanced_split`). A micro-batch is the unit of sharding, so each one, and each
+one's loss, is exactly the single-process one (bnpo's mean over micro-batches included); ranks
+dealt one fewer run a fully masked copy of the smallest (zero loss, zero gradient) so every rank
+runs the same number of FSDP forwards and backwards. FSDP sums the ranks' gradients, and the
+sum is the single-process gradient. Rank 0 keeps an unsharded copy of the weights (`policy`):
+what rollouts sample from, what `publish` returns and what checkpoints hold.
 """
 
 from __future__ import annotations
@@ -16,11 +27,27 @@ import copy
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
+from leantrain.distributed import (
+    World,
+    balanced_split,
+    broadcast,
+    collective,
+    full_state_dict,
+    shard,
+    single,
+)
 from leantrain.generation.backend import weights_snapshot
 from leantrain.rl.config import RLConfig
 from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
@@ -60,18 +87,41 @@ class Learner:
     Attributes:
         steps: learner steps taken (one per rollout batch): the run's step.
         version: the policy version, one per optimizer step.
+        world: this process's rank and the number of ranks (one: no process group).
+        model: the module trained: `model` itself in one process, FSDP-sharded over the ranks.
+        policy: the unsharded weights rollouts sample from and `publish` returns: `model` itself
+            in one process; on N ranks a full copy kept on rank 0 (None on the others).
     """
 
-    def __init__(self, config: RLConfig, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: RLConfig,
+        model: torch.nn.Module,
+        device: torch.device,
+        world: World | None = None,
+    ) -> None:
         self.config = config
-        self.model = model
         self.device = device
+        self.world = world or single(device)
         g = config.grpo
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=g.lr, weight_decay=g.weight_decay)
+        self.policy: torch.nn.Module | None = model
         self.ref_model = None
+        if self.world.size > 1:
+            # Rank 0 trains a copy and keeps `model` whole for rollouts; the others shard it.
+            self.policy = model if self.world.is_main else None
+            model = copy.deepcopy(model) if self.world.is_main else model
         if g.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if self.world.size > 1:
+            # FSDP's mixed precision on GPUs (bf16 compute, fp32 reduce and master weights).
+            bf16 = device.type == "cuda" and config.model.dtype != "float32"
+            with collective(self.world, "sharding the model (FSDP2)"):
+                for module in filter(None, (model, self.ref_model)):
+                    shard(module, torch.bfloat16 if bf16 else None)
+        self.model = model
+        # After sharding: the optimizer holds this rank's shards (DTensors) of the weights.
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=g.lr, weight_decay=g.weight_decay)
         # The engine's logprobs are log_softmax(logits / T), T = 1 when greedy; so are ours.
         temperature = config.sampling.temperature
         self.logprob_temperature = temperature if temperature > 0 else 1.0
@@ -81,13 +131,45 @@ class Learner:
     def autocast(self) -> contextlib.AbstractContextManager:
         return compute_autocast(self.config, self.device)
 
+    def _collective(self, what: str) -> contextlib.AbstractContextManager:
+        """A dead or stalled peer raises a named `RankError` inside (nothing to fear alone)."""
+        if self.world.size == 1:
+            return contextlib.nullcontext()
+        return collective(self.world, what)
+
     def step(
-        self, trajectories: list[Trajectory], correction: str = "none", is_cap: float = 5.0
+        self,
+        trajectories: list[Trajectory] | None,
+        correction: str = "none",
+        is_cap: float = 5.0,
     ) -> dict[str, float]:
         """`num_iterations` optimizer steps on one rollout batch; returns loss stats (of the last).
 
-        `correction` treats stale samples (`rl.losses.CORRECTIONS`); sync runs use "none".
+        `correction` treats stale samples (`rl.losses.CORRECTIONS`); sync runs use "none". On N
+        ranks every rank calls this together: rank 0 with the batch and its correction, the
+        others with None (they receive rank 0's); every rank returns the same stats.
         """
+        with self._collective(f"learner step {self.steps + 1}"):
+            if self.world.size > 1:
+                trajectories, correction, is_cap = broadcast(
+                    self.world, (trajectories, correction, is_cap)
+                )
+            if trajectories is None:
+                raise ValueError("Learner.step needs the step's trajectories (on rank 0)")
+            stats = self._step(trajectories, correction, is_cap)
+            if self.world.size > 1:
+                self._sync_policy()
+        return stats
+
+    def _sync_policy(self) -> None:
+        """Rank 0's unsharded copy takes the sharded weights (a collective: every rank calls)."""
+        full = full_state_dict(self.model)
+        if self.policy is not None:
+            self.policy.load_state_dict(full)
+
+    def _step(
+        self, trajectories: list[Trajectory], correction: str, is_cap: float
+    ) -> dict[str, float]:
         g = self.config.grpo
         rewards = torch.tensor([t.reward for t in trajectories])
         groups = torch.tensor([t.group_id for t in trajectories])
@@ -96,7 +178,9 @@ class Learner:
             pack([trajectories[i] for i in idx], advantages[idx], mask_truncated=g.mask_truncated)
             for idx in micro_batches(trajectories, g.micro_batch_tokens)
         ]
+        # The whole step's counts: every rank packs every micro-batch, so they are global.
         ctx = loss_context(batches, max_completion_length=self.config.sampling.max_new_tokens)
+        batches = self._share(batches)
         # A function of the step and `steps`: resumed with the same `steps`, a run follows the
         # same schedule.
         lr = g.lr * lr_factor(g.lr_schedule, self.steps, g.warmup_steps, self.config.steps)
@@ -118,8 +202,10 @@ class Learner:
         for _ in range(g.num_iterations):
             total_loss = 0.0
             iteration_stats: dict[str, float] = {}
-            for mb, extra in zip(batches, loss_inputs, strict=True):
+            for i, (mb, extra) in enumerate(zip(batches, loss_inputs, strict=True)):
                 mb = mb.to(self.device)
+                if self.world.size > 1:  # reduce-scatter the gradients once, after the last
+                    self.model.set_requires_gradient_sync(i == len(batches) - 1)
                 with self.autocast():
                     logp = packed_logprobs(self.model, mb, self.logprob_temperature)
                     if extra is None:
@@ -149,9 +235,11 @@ class Learner:
                 share = float(mb.loss_mask.sum()) / max(1, ctx.num_active_tokens)
                 for k, v in mb_stats.items():  # token-weighted mean over micro-batches
                     iteration_stats[k] = iteration_stats.get(k, 0.0) + float(v) * share
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
-            )
+            total_loss, iteration_stats = self._sum_over_ranks(total_loss, iteration_stats)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), g.max_grad_norm)
+            if isinstance(grad_norm, DTensor):  # sharded: the norm over every rank's shard
+                grad_norm = grad_norm.full_tensor()
+            grad_norm = float(grad_norm)
             if not (math.isfinite(total_loss) and math.isfinite(grad_norm)):
                 log.warning(
                     "step %d: non-finite loss (%s) or gradient norm (%s); update skipped",
@@ -171,6 +259,31 @@ class Learner:
         self.steps += 1  # a skipped update is still a step of the schedule
         return stats
 
+    def _share(self, batches: list[PackedBatch]) -> list[PackedBatch]:
+        """This rank's micro-batches: all of them in one process; on N ranks its token-balanced
+        share, topped up with fully masked copies of the smallest one (zero loss and gradient)
+        to the largest share's count, so every rank runs the same FSDP collectives."""
+        if self.world.size == 1:
+            return batches
+        shares = balanced_split([mb.input_ids.shape[1] for mb in batches], self.world.size)
+        mine = [batches[i] for i in shares[self.world.rank]]
+        smallest = min(batches, key=lambda mb: mb.input_ids.shape[1])
+        filler = replace(smallest, loss_mask=torch.zeros_like(smallest.loss_mask))
+        return mine + [filler] * (max(map(len, shares)) - len(mine))
+
+    def _sum_over_ranks(
+        self, total_loss: float, iteration_stats: dict[str, float]
+    ) -> tuple[float, dict[str, float]]:
+        """The loss and the token-weighted stats summed over the ranks' micro-batches (the
+        same keys, in the same order, on every rank)."""
+        if self.world.size == 1:
+            return total_loss, iteration_stats
+        values = torch.tensor([total_loss, *iteration_stats.values()], dtype=torch.float64)
+        values = values.to(self.device)
+        dist.all_reduce(values)
+        total, *rest = values.tolist()
+        return total, dict(zip(iteration_stats, rest, strict=True))
+
     def _correction_inputs(self, correction: str, mb: PackedBatch, is_cap: float) -> dict:
         """`policy_loss`'s correction arguments for `mb`, its proximal logprobs (R,) from one
         forward on the current weights where the correction needs them."""
@@ -182,18 +295,43 @@ class Learner:
         return correction_inputs(correction, mb.old_logprobs, proximal, is_cap)
 
     def publish(self) -> dict[str, torch.Tensor]:
-        """This version's weights for the rollout backends (`weights_snapshot`)."""
-        return weights_snapshot(self.model)
+        """This version's weights for the rollout backends (`weights_snapshot`); rank 0 only."""
+        if self.policy is None:
+            raise RuntimeError(f"rank {self.world.rank} holds no full weights; rank 0 publishes")
+        return weights_snapshot(self.policy)
 
-    def save(self, root: Path, keep: int, state: dict[str, Any]) -> Path:
-        """Checkpoint weights, optimizer, RNG, the counters and the caller's `state`."""
-        return save_checkpoint(
-            root, self.steps, self.model, self.optimizer, {**state, "version": self.version}, keep
-        )
+    def save(self, root: Path, keep: int, state: dict[str, Any]) -> Path | None:
+        """Checkpoint weights, optimizer, RNG, the counters and the caller's `state`.
+
+        On N ranks every rank calls it: the optimizer state is gathered whole to rank 0, which
+        writes the same single-process checkpoint (so it loads for evaluation anywhere, and
+        on any number of ranks); the others return None."""
+        optimizer_state = self._optimizer_state()
+        path = None
+        if self.policy is not None:
+            state = {**state, "version": self.version}
+            path = save_checkpoint(root, self.steps, self.policy, optimizer_state, state, keep)
+        if self.world.size > 1:  # returns once the checkpoint is on disk, on every rank
+            with self._collective("waiting for rank 0 to write a checkpoint"):
+                dist.barrier()
+        return path
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if self.world.size == 1:
+            return self.optimizer.state_dict()
+        with self._collective("gathering the optimizer state for a checkpoint"):
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load(self, path: Path) -> dict[str, Any]:
         """Resume from checkpoint `path`: weights, optimizer, RNG and counters; returns the
-        state saved with it."""
-        state = load_checkpoint(path, self.model, self.optimizer)
+        state saved with it. On N ranks every rank calls it, on a checkpoint written on N ranks
+        (its optimizer state is keyed by parameter name)."""
+        if self.world.size == 1:
+            state = load_checkpoint(path, self.model, self.optimizer)
+        else:
+            with self._collective(f"loading checkpoint {path}"):
+                state = load_checkpoint(path, self.model, self.optimizer, sharded=True)
+                self._sync_policy()
         self.steps, self.version = state["step"], state["version"]
         return state

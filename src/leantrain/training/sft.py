@@ -185,7 +185,7 @@ class SFTLoop:
         """Checkpoint the weights, optimizer, RNG state and step under `checkpoints.root`,
         keeping the newest `checkpoints.keep`; returns the checkpoint's folder."""
         root, keep = checkpoints.root, checkpoints.keep
-        return save_checkpoint(root, self.steps, self.model, self.optimizer, {}, keep)
+        return save_checkpoint(root, self.steps, self.model, self.optimizer.state_dict(), {}, keep)
 
     def resume(self, root: Path) -> Path | None:
         """Restore the newest complete checkpoint under `root` (weights, optimizer, RNG state,

@@ -14,8 +14,6 @@ takes a `backward(model, chunks)` (as `leantrain.memory.sft.SFTRun` does).
 from __future__ import annotations
 
 import contextlib
-import datetime
-import os
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -23,9 +21,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from leantrain.errors import LeantrainError
+from leantrain.distributed import ulysses
 from leantrain.models.finetune import IGNORE
-from leantrain.parallel import ulysses
 
 
 def shard_batch(
@@ -90,19 +87,6 @@ def sequence_parallel_backward(
     all_reduce_grads(model, group)
     dist.all_reduce(total, group=group)
     return float(total)
-
-
-def init_from_env() -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR/PORT): NCCL on
-    GPUs, gloo on CPU. Returns (rank, world size)."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise LeantrainError("sequence parallel: RANK/WORLD_SIZE not set; launch through torchrun")
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    return dist.get_rank(), dist.get_world_size()
 
 
 class SequenceParallelHooks:

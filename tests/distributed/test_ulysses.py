@@ -18,16 +18,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from leantrain.errors import LeantrainError
-from leantrain.models.finetune import IGNORE
-from leantrain.parallel import (
+from leantrain.distributed import (
     check_heads,
     heads_to_seq,
     seq_to_heads,
     sequence_parallel_backward,
     shard_batch,
 )
-from leantrain.parallel.training import SequenceParallelHooks
+from leantrain.distributed.sequence import SequenceParallelHooks
+from leantrain.errors import LeantrainError
+from leantrain.models.finetune import IGNORE
 
 LENGTH = 13  # not divisible by 2 or 4: the last shard is padded
 PAD = 0

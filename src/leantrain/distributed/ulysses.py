@@ -17,7 +17,7 @@ Choices and limits:
   Attention masks inside a sequence (left padding, packing) are not supported: the mask passed by
   the model is ignored and attention is causal over the full sequence.
 
-Knows nothing about training loops; `leantrain.parallel.training` builds the loss on top.
+Knows nothing about training loops; `leantrain.distributed.sequence` builds the loss on top.
 """
 
 from __future__ import annotations

@@ -1,0 +1,259 @@
+"""The GRPO learner data-parallel over 2 gloo ranks (FSDP2) against the same learner in one
+process, on the same fixed trajectories.
+
+One pair of processes runs every loss type (start-up is most of the cost): each builds the same
+tiny Llama, takes 2 learner steps on 2 synthetic batches, and rank 0 saves the weights; this
+process runs the single-process learner on the same batches and compares. Equality within 1e-6
+holds only if each rank's loss is its exact share of the whole step's loss and FSDP sums the
+shares: a mean over ranks, a local normalisation or a lost micro-batch is off by far more.
+Another pair checks that a rank killed mid-step ends the other with a named `RankError`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from leantrain.distributed import RankError, join, leave
+from leantrain.rl.config import RLConfig
+from leantrain.rl.learner import Learner
+from leantrain.rl.packing import pack, packed_logprobs
+from leantrain.rl.trajectory import Trajectory
+
+# Each case's GRPO settings: every loss type, then the paths one pass without KL skips (the
+# frozen reference, sharded too; a no-grad proximal forward per micro-batch before 2 passes).
+CASES: dict[str, dict] = {
+    "grpo": {"loss_type": "grpo"},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "dapo": {"loss_type": "dapo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "dapo_kl_two_passes": {"loss_type": "dapo", "beta": 0.04, "num_iterations": 2},
+}
+STEPS = 2
+PROMPTS, GROUP = 4, 4  # 16 trajectories a step, dealt to 2 ranks as 5 micro-batches
+JOIN_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,  # the root FSDP unit holds both ends of the tied weight
+    )
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).float().eval()
+
+
+def _config(case: str) -> RLConfig:
+    return RLConfig(
+        steps=STEPS,
+        device="cpu",
+        grpo={
+            "prompts_per_step": PROMPTS,
+            "group_size": GROUP,
+            "lr": 1e-3,
+            "warmup_steps": 0,
+            **CASES[case],
+            "mask_truncated": True,
+            "micro_batch_tokens": 48,
+        },
+        sampling={"max_new_tokens": 16, "temperature": 1.0},
+    )
+
+
+def _batches() -> list[list[Trajectory]]:
+    """STEPS batches of random prompts and responses of uneven lengths, with environment tokens
+    (mask 0), truncated responses and behaviour logprobs a little off the model's own (so some
+    ratios leave the clip range)."""
+    g = torch.Generator().manual_seed(1)
+    model = _model()
+    batches = []
+    for _ in range(STEPS):
+        rows = []
+        for i in range(PROMPTS * GROUP):
+            p, r = (int(n) for n in torch.randint(3, 17, (2,), generator=g))
+            response = torch.randint(1, 64, (r,), generator=g).tolist()
+            mask = [0 if j % 5 == 3 else 1 for j in range(r)]
+            rows.append(
+                Trajectory(
+                    prompt_ids=torch.randint(1, 64, (p,), generator=g).tolist(),
+                    response_ids=response,
+                    logprobs=[0.0] * r,
+                    versions=[0] * r,
+                    loss_mask=mask,
+                    finish_reason="length" if i % 7 == 6 else "stop",
+                    reward=float(torch.rand((), generator=g) < 0.5),
+                    group_id=i // GROUP,
+                )
+            )
+        with torch.no_grad():
+            packed = pack(rows, torch.zeros(len(rows)))
+            own = packed_logprobs(model, packed)
+        noisy = own + 0.3 * torch.randn(own.shape, generator=g)
+        for row, lp in zip(rows, noisy.split([len(t.response_ids) for t in rows]), strict=True):
+            row.logprobs = lp.tolist()
+        batches.append(rows)
+    return batches
+
+
+def _join(rank: int, port: int, timeout_s: float):
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    return join(torch.device("cpu"), timeout_s=timeout_s)
+
+
+def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
+    world = _join(rank, port, timeout_s=60)
+    for case in CASES:
+        learner = Learner(_config(case), _model(), torch.device("cpu"), world)
+        stats = [learner.step(batch if world.is_main else None) for batch in batches]
+        if world.is_main:
+            weights = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+            torch.save({"weights": weights, "stats": stats}, Path(out) / f"{case}.pt")
+    # Resume: step 1, checkpoint (every rank), a fresh learner loads it (every rank), step 2.
+    first = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
+    first.step(batches[0] if world.is_main else None)
+    path = first.save(Path(out) / "checkpoints", keep=1, state={})
+    assert (path is not None) == world.is_main
+    resumed = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
+    resumed.load(Path(out) / "checkpoints" / "step-000001")
+    assert (resumed.steps, resumed.version) == (1, 1)
+    resumed.step(batches[1] if world.is_main else None)
+    if world.is_main:
+        torch.save(resumed.policy.state_dict(), Path(out) / "resumed.pt")
+    leave()
+
+
+def _rank_killed(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
+    world = _join(rank, port, timeout_s=30)
+    learner = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
+    if rank == 1:  # dies inside its second micro-batch's forward, mid-step
+        import leantrain.rl.learner as learner_module
+
+        calls = []
+        real = learner_module.packed_logprobs
+
+        def dying(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                os._exit(3)
+            return real(*args, **kwargs)
+
+        learner_module.packed_logprobs = dying
+    start = time.monotonic()
+    try:
+        learner.step(batches[0] if world.is_main else None)
+    except RankError as e:
+        (Path(out) / "error.txt").write_text(f"{time.monotonic() - start:.1f}\n{e}")
+
+
+def _spawn(target, batches: list[list[Trajectory]], out: Path) -> list[int | None]:
+    """Run `target` on 2 ranks; their exit codes (None: still running after the timeout)."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=target, args=(r, port, batches, str(out))) for r in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return codes
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[list[Trajectory]]:
+    return _batches()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(batches: list[list[Trajectory]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder where the ranks of `_rank_train` left their weights."""
+    out = tmp_path_factory.mktemp("ranks")
+    assert _spawn(_rank_train, batches, out) == [0, 0]
+    return out
+
+
+def test_two_ranks_equal_one_process_for_every_loss_type(
+    batches: list[list[Trajectory]], two_ranks: Path
+) -> None:
+    torch.set_num_threads(1)
+    start = _model().state_dict()
+    for case in CASES:
+        learner = Learner(_config(case), _model(), torch.device("cpu"))
+        stats = [learner.step(batch) for batch in batches]
+        two = torch.load(two_ranks / f"{case}.pt")
+        assert learner.version == STEPS * CASES[case].get("num_iterations", 1)
+        for name, weight in learner.model.state_dict().items():
+            moved = (weight - start[name]).abs().max().item()
+            diff = (weight - two["weights"][name]).abs().max().item()
+            assert moved > 1e-4, f"{case}: {name} did not train ({moved})"
+            assert diff <= 1e-6, f"{case}: {name} differs by {diff} on 2 ranks"
+        for one_step, two_step in zip(stats, two["stats"], strict=True):
+            assert two_step.keys() == one_step.keys()
+            for key, value in one_step.items():
+                assert two_step[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_two_rank_resume_equals_a_straight_two_rank_run(two_ranks: Path) -> None:
+    """1 step, a checkpoint, a fresh learner resumes from it, 1 step: the same weights as the
+    straight 2-step dapo run on 2 ranks, bit for bit."""
+    straight = torch.load(two_ranks / "dapo.pt")["weights"]
+    resumed = torch.load(two_ranks / "resumed.pt")
+    assert straight.keys() == resumed.keys()
+    for name, weight in straight.items():
+        assert torch.equal(weight, resumed[name]), name
+
+
+def test_a_killed_rank_ends_the_run_with_a_named_error(
+    batches: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    start = time.monotonic()
+    codes = _spawn(_rank_killed, batches, tmp_path)
+    assert codes == [0, 3]  # rank 0 caught the RankError and returned; rank 1 died
+    assert time.monotonic() - start < 60
+    seconds, message = (tmp_path / "error.txt").read_text().split("\n", 1)
+    assert float(seconds) < 60
+    assert message.startswith("rank 0 of 2: learner step 1 failed: a peer rank")
+
+
+def test_a_missing_rank_is_named_at_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 of 2 alone: the rendezvous gives up after its timeout with a named error."""
+    port = _free_port()
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**env, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    start = time.monotonic()
+    expected = rf"^rank 0 of 2: joining the process group at 127\.0\.0\.1:{port} failed"
+    with pytest.raises(RankError, match=expected):
+        join(torch.device("cpu"), timeout_s=5)
+    assert time.monotonic() - start < 30  # the 5 s timeout, not a hang
+    assert not torch.distributed.is_initialized()
