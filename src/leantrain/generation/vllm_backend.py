@@ -136,7 +136,7 @@ class VLLMBackend:
             dtype = "float32" if cpu else "bfloat16"
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: see the module doc
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its expected warnings are noise
         if cpu:  # the CPU platform sizes its KV cache from this variable when it is set
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import LLM
