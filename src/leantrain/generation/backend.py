@@ -60,12 +60,16 @@ class Capabilities:
         images: `generate(..., images=...)` takes each prompt's pixel values (VLMs).
         speculation: speculative decoding in the long tail (a speculator).
         kv_budget: a KV-cache token budget (`max_cache_tokens`) that admission keeps to.
+        separate_weights: it samples from its own copy of the weights (another engine), not
+            the trainer's tensors, so the trainer's updates reach it only through
+            `load_weights`: a run publishes every policy version to it.
     """
 
     hidden_states: bool = False
     images: bool = False
     speculation: bool = False
     kv_budget: bool = False
+    separate_weights: bool = False
 
 
 class Backend(Protocol):

@@ -157,6 +157,37 @@ class OrchestratorConfig(Strict):
         return self
 
 
+class RolloutConfig(Strict):
+    """Which engine samples the rollouts and the run's greedy test evaluations (rl/rollout.py).
+    The defaults are the native engine's."""
+
+    backend: Literal["native", "vllm"] = Field(
+        "native",
+        description="native: leantrain's engine on the trainer's own weights (every capability: "
+        "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
+        "for the tiny CPU models). vllm: an in-process vLLM engine on a copy of the weights, "
+        "synced at every policy version (sampling only, no top-k/top-p; `make vllm` installs "
+        "it); the road to real models on GPUs.",
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0,
+        gt=0.0,
+        description="vllm: memory for its KV cache, in GiB (on CPU `VLLM_CPU_KVCACHE_SPACE` "
+        "wins when set). Must hold at least one sequence of vllm_max_model_len tokens.",
+    )
+    vllm_max_model_len: int | None = Field(
+        None,
+        ge=16,
+        description="vllm: longest prompt plus response it accepts (None: the model's context "
+        "length). Smaller needs less KV-cache memory per sequence.",
+    )
+    vllm_enforce_eager: bool = Field(
+        True,
+        description="vllm: run without torch.compile and CUDA graphs. Starts in seconds; "
+        "compiling is faster per token on GPUs but takes a minute or more at start.",
+    )
+
+
 class RLConfig(Strict):
     """A GRPO run: `leantrain rl --config FILE` loads one of these."""
 
@@ -165,6 +196,10 @@ class RLConfig(Strict):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="The rollout backend: the native engine or vLLM.",
+    )
     speculative: SpeculativeConfig = Field(
         default_factory=SpeculativeConfig,
         description="Speculative decoding in the long tail of each rollout (sync mode).",
@@ -214,5 +249,23 @@ class RLConfig(Strict):
             raise ValueError(
                 "speculative.enabled needs orchestrator.mode: sync "
                 f"(got {self.orchestrator.mode!r}); async rollout workers do not speculate yet"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_rollouts(self) -> RLConfig:
+        if self.rollout.backend != "vllm":
+            return self
+        # Rollout workers would each start an engine of their own; not wired yet.
+        if self.orchestrator.mode != "sync":
+            raise ValueError(
+                "rollout.backend: vllm needs orchestrator.mode: sync "
+                f"(got {self.orchestrator.mode!r}); async rollout workers run the native engine"
+            )
+        if self.sampling.top_k > 0 or self.sampling.top_p < 1:
+            raise ValueError(
+                "rollout.backend: vllm samples without truncation (sampling.top_k 0, "
+                f"sampling.top_p 1; got {self.sampling.top_k}, {self.sampling.top_p}): vLLM's "
+                "logprobs of a truncated distribution are not what the trainer recomputes"
             )
         return self

@@ -22,7 +22,8 @@ weights travel as state dicts or object-store references, tagged with their vers
 When the trainer needs a batch that no worker has started and no ready worker is free to start
 (every batch of a synchronous run; at the start of an async one, while worker processes or actors
 boot), it generates that batch itself on its current weights instead of waiting: its own
-`RolloutSource` shares the learner's weights, so it needs no publish.
+`RolloutSource` shares the learner's weights, so it needs no publish, unless its backend samples
+from a copy of its own (vLLM), which then gets every version like a worker.
 
 Knows nothing about losses or engines: it is handed the `Learner` (rl/learner.py), the trainer's
 own `RolloutSource` (rl/rollout.py) for the batches it generates itself, and a callback that logs
@@ -392,10 +393,15 @@ class Orchestrator:
             self.events.write(self.track.close())
 
     def _publish(self) -> float:
-        """Publish the trainer's weights as (step, version); returns seconds. Only workers need
-        a copy: the trainer's own source samples on the learner's weights."""
+        """Publish the trainer's weights as (step, version); returns seconds. Workers need a
+        copy, and so does the trainer's own source when its backend samples from weights of
+        its own (vLLM: `separate_weights`); the native engine samples on the learner's."""
         t0 = time.perf_counter()
-        payload = self.pool.publish(self.learner.publish()) if self.pool.workers else None
+        separate = self.source.backend.capabilities.separate_weights
+        weights = self.learner.publish() if self.pool.workers or separate else None
+        payload = self.pool.publish(weights) if self.pool.workers else None
+        if separate:
+            self.source.backend.load_weights(weights, self.learner.version)
         self.store.publish(self.learner.steps, self.learner.version, payload)
         return time.perf_counter() - t0
 
@@ -465,6 +471,7 @@ class Orchestrator:
             batch_worker=batch.worker,
             weight_publish_s=round(publish_s, 4),
             weight_load_s=round(batch.weight_sync_s, 4),
+            weight_sync_s=round(publish_s + batch.weight_sync_s, 4),
             versions_held=len(self.store.held()),
             worker_restarts=self.dispatcher.restarts,
             duplicates_rejected=self.buffer.duplicates,

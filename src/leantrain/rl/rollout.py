@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
@@ -101,8 +102,16 @@ def rollout_backend(
     speculator: Speculator | None = None,
 ) -> Backend:
     """The run's rollout backend on `model`: the engine with the config's batch size and KV
-    budget (and the long tail's `speculator`), inside an `EpisodeRunner` for a tool task. The
-    trainer and every worker build theirs here, so no setting reaches one and not the other."""
+    budget (and the long tail's `speculator`), inside an `EpisodeRunner` for a tool task; or,
+    with `rollout.backend: vllm`, a vLLM engine on a folder of the same weights. The trainer and
+    every worker build theirs here, so no setting reaches one and not the other."""
+    if config.rollout.backend == "vllm":
+        if is_multi_turn(task):
+            raise LeantrainError(
+                f"task {config.task.name!r} is multi-turn: tool episodes run on "
+                "rollout.backend: native only"
+            )
+        return vllm_backend(config, model, tokenizer)
     engine = Engine(
         model,
         tokenizer,
@@ -111,6 +120,38 @@ def rollout_backend(
         speculator=speculator,
     )
     return EpisodeRunner(engine, task) if is_multi_turn(task) else engine
+
+
+def vllm_backend(
+    config: RLConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> Backend:
+    """A `VLLMBackend` on the folder `model` was loaded from (or, for a model made in memory,
+    on a copy saved under the run folder). Its weights match `model`'s at set-up; the run
+    publishes each version after that (rl/orchestrator.py)."""
+    from leantrain.generation.vllm_backend import INSTALL_HINT, VLLMBackend, vllm_available
+
+    if not vllm_available():
+        raise LeantrainError(
+            "rollout.backend: vllm needs the vllm package, which is not installed in this "
+            f"environment: run `make vllm` ({INSTALL_HINT})"
+        )
+    folder = Path(str(model.name_or_path))
+    if not (folder / "config.json").is_file():
+        folder = Path(config.out) / "vllm-policy"
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    cuda = next(model.parameters()).device.type == "cuda"
+    dtype = config.model.dtype if config.model.dtype != "auto" else ("auto" if cuda else "float32")
+    r = config.rollout
+    return VLLMBackend(
+        folder,
+        dtype=dtype,
+        max_batch_size=config.max_batch_size,
+        max_model_len=r.vllm_max_model_len,
+        kv_cache_gib=r.vllm_kv_cache_gib,
+        enforce_eager=r.vllm_enforce_eager,
+        seed=config.seed,
+    )
 
 
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
