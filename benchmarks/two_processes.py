@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from leantrain.models.build_cache import leantrain_home
+from leantrain.settings import leantrain_home
 from leantrain.telemetry.report import write_benchmark_json
 from leantrain.training.threads import usable_cores
 
@@ -47,7 +47,8 @@ def command(out: Path, threads: int | None) -> list[str]:
     line = [str(leantrain), "rl", "--config", str(ROOT / "configs" / "tiny-arith.yaml")]
     line += ["--steps", "3", "--out", str(out), "-o", "task.eval_size=20"]
     line += ["-o", "grpo.prompts_per_step=8", "-o", "sampling.max_new_tokens=96"]
-    return line + ([] if threads is None else ["--threads", str(threads)])
+    # the config pins 2 threads (the same figures on any machine): unpinned, the command's share
+    return [*line, "-o", "threads=null" if threads is None else f"threads={threads}"]
 
 
 def run_once(tmp: Path, threads: int | None, copies: int, stagger: float) -> list[float]:

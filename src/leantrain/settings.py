@@ -5,6 +5,7 @@ field. No area's fields live here: each area owns its models in its own `config.
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from collections.abc import Collection, Iterable, Mapping
@@ -36,6 +37,12 @@ class Strict(BaseModel):
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
+
+
+def leantrain_home() -> Path:
+    """Where leantrain keeps its files (preset builds, drafters, the register of running
+    commands): `$LEANTRAIN_HOME`, default `~/.cache/leantrain`."""
+    return Path(os.environ.get("LEANTRAIN_HOME", Path.home() / ".cache" / "leantrain"))
 
 
 def load_settings(

@@ -1,10 +1,10 @@
 """Models: load any HF causal LM or VLM from a path, or a built-in preset (`PRESETS`: `tiny`,
 `tiny-tools`, `tiny-vl`, `smollm2-135m`)."""
 
-from leantrain.models.build_cache import leantrain_home
 from leantrain.models.chat import encode_prompt
 from leantrain.models.loading import PRESETS, load_model, pick_device, resolve_model_path
 from leantrain.models.presets.tiny import ensure_tiny
+from leantrain.settings import leantrain_home
 
 __all__ = [
     "PRESETS",

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,11 +36,6 @@ SHIPPED_BUILDS = Path(__file__).parent / "presets" / "builds"
 # One thread: its arithmetic is the same on any core count and under any load (MKL and OpenMP
 # split nothing), for a one-off cost: `tiny` builds in 81 s, against 59 s at two threads.
 BUILD_THREADS = 1
-
-
-def leantrain_home() -> Path:
-    """Cache root: `$LEANTRAIN_HOME`, default `~/.cache/leantrain`."""
-    return Path(os.environ.get("LEANTRAIN_HOME", Path.home() / ".cache" / "leantrain"))
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import leantrain_home
+from leantrain.settings import leantrain_home
 
 # How often `follow_share` reads the register at most: a step can take microseconds.
 _FOLLOW_EVERY_S = 1.0

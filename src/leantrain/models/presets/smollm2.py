@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import build_once, leantrain_home
+from leantrain.models.build_cache import build_once
+from leantrain.settings import leantrain_home
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

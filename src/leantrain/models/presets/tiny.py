@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.tiny_config import tiny_config
 from leantrain.models.tokenizer import build_byte_tokenizer
+from leantrain.settings import leantrain_home
 from leantrain.tasks import ArithTask, Task
 from leantrain.training.sft import SFTLoop
 

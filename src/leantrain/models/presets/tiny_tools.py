@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, recipe_hash
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.models.presets.tiny import ensure_tiny, tiny_dir
+from leantrain.settings import leantrain_home
 from leantrain.tasks.tool_arith import ToolArithTask, worked_turns
 from leantrain.training.sft import SFTLoop
 

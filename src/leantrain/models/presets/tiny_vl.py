@@ -59,10 +59,11 @@ from transformers import (
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
 from leantrain.errors import LeantrainError
-from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, leantrain_home, recipe_hash
+from leantrain.models.build_cache import SHIPPED_BUILDS, build_once, recipe_hash
 from leantrain.models.finetune import IGNORE
 from leantrain.models.presets.tiny_tools import ensure_tiny_tools, tiny_tools_dir
 from leantrain.models.vision import encode_image_prompt
+from leantrain.settings import leantrain_home
 from leantrain.tasks.base import Example
 from leantrain.tasks.visual import (
     CELL,
