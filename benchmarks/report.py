@@ -61,6 +61,7 @@ class Claim:
 
 # fmt: off
 CLAIMS = [
+    Claim("two commands side by side: the slower one's time / alone (default threads)", "two_processes.json", "slowdown_shared", "<=", 2.5, "{:.2f}x", "issue 28"),
     Claim("rollout engine vs HF `generate`, tokens/s at batch 16", "rollout_engine.json", "speedup_b16", ">=", 1.5, "{:.2f}x", "foundation (87d7c80)"),
     Claim("packed vs padded training tokens/s", "token_pipeline.json", "packing_speedup", ">=", 1.5, "{:.2f}x", "issue 10; Keep the Tokens Flowing"),
     Claim("KV-cache token budget respected", "token_pipeline.json", "kv_budget_respected", "==", True, "{}", "issue 10"),
