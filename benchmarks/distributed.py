@@ -30,7 +30,6 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -38,17 +37,12 @@ from pathlib import Path
 
 import torch
 
+from leantrain.distributed.launch import free_port
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "distributed.json"
 WORLD = 2
 TRAJECTORIES = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(steps: int):
@@ -176,7 +170,7 @@ def main() -> None:
     ensure_tiny()  # build the preset once, before the ranks race for it
     one = _train(None, steps, warmup)
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(rank_worker, args=(_free_port(), steps, warmup, out), nprocs=WORLD)
+        mp.spawn(rank_worker, args=(free_port(), steps, warmup, out), nprocs=WORLD)
         two = torch.load(Path(out) / "two.pt")
 
     max_diff = max((one["weights"][k] - v).abs().max().item() for k, v in two["weights"].items())

@@ -26,7 +26,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -34,16 +33,11 @@ from pathlib import Path
 
 import torch
 
+from leantrain.distributed.launch import free_port
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "ulysses.json"
 WORLDS = (1, 2, 4)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_worker(rank: int, world: int, port: int, lens: list[int], repeats: int, out: str) -> None:
@@ -113,7 +107,7 @@ def run_world(world: int, lens: list[int], repeats: int) -> list[dict]:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_worker, args=(world, _free_port(), lens, repeats, tmp), nprocs=world)
+        mp.spawn(rank_worker, args=(world, free_port(), lens, repeats, tmp), nprocs=world)
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
     merged = []
     for rows in zip(*per_rank, strict=True):

@@ -12,7 +12,6 @@ Another pair checks that a rank killed mid-step ends the other with a named `Ran
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from leantrain.distributed import RankError, join, leave
+from leantrain.distributed.launch import free_port
 from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
 from leantrain.rl.packing import pack, packed_logprobs
@@ -39,12 +39,6 @@ CASES: dict[str, dict] = {
 STEPS = 2
 PROMPTS, GROUP = 4, 4  # 16 trajectories a step, dealt to 2 ranks as 5 micro-batches
 JOIN_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> LlamaForCausalLM:
@@ -175,7 +169,7 @@ def _rank_killed(rank: int, port: int, batches: list[list[Trajectory]], out: str
 def _spawn(target, batches: list[list[Trajectory]], out: Path) -> list[int | None]:
     """Run `target` on 2 ranks; their exit codes (None: still running after the timeout)."""
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target, args=(r, port, batches, str(out))) for r in range(2)]
     for p in procs:
         p.start()
@@ -247,7 +241,7 @@ def test_a_killed_rank_ends_the_run_with_a_named_error(
 
 def test_a_missing_rank_is_named_at_the_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 0 of 2 alone: the rendezvous gives up after its timeout with a named error."""
-    port = _free_port()
+    port = free_port()
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
     for key, value in {**env, "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(key, value)

@@ -10,7 +10,6 @@ A failed assertion in any rank fails the spawn, and so the test.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -25,18 +24,13 @@ from leantrain.distributed import (
     sequence_parallel_backward,
     shard_batch,
 )
+from leantrain.distributed.launch import free_port
 from leantrain.distributed.sequence import SequenceParallelHooks
 from leantrain.errors import LeantrainError
 from leantrain.models.finetune import IGNORE
 
 LENGTH = 13  # not divisible by 2 or 4: the last shard is padded
 PAD = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tiny_llama() -> LlamaForCausalLM:
@@ -121,7 +115,7 @@ def _worker(rank: int, world: int, port: int) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ulysses_matches_single_process(world: int) -> None:
-    mp.spawn(_worker, args=(world, _free_port()), nprocs=world, join=True)
+    mp.spawn(_worker, args=(world, free_port()), nprocs=world, join=True)
 
 
 def test_shard_batch_shifts_labels_globally_and_pads_the_last_shard() -> None:

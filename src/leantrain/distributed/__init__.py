@@ -6,7 +6,7 @@ Sits beside `speculation` above `training`/`generation` and below `rl`: it knows
 process groups, never trajectories or losses."""
 
 from leantrain.distributed.fsdp import balanced_split, decoder_layers, full_state_dict, shard
-from leantrain.distributed.launch import run_torchrun, torchrun_command
+from leantrain.distributed.launch import free_port, run_torchrun, torchrun_command
 from leantrain.distributed.process_group import (
     RankError,
     World,
@@ -42,6 +42,7 @@ __all__ = [
     "check_heads",
     "collective",
     "decoder_layers",
+    "free_port",
     "full_state_dict",
     "heads_to_seq",
     "join",

@@ -9,6 +9,7 @@ Knows nothing about what the command trains.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -32,3 +33,12 @@ def torchrun_command(processes: int, target: Sequence[str]) -> list[str]:
 def run_torchrun(processes: int, target: Sequence[str]) -> int:
     """Run `target` on `processes` local ranks and wait; returns torchrun's exit code."""
     return subprocess.run(torchrun_command(processes, target), check=False).returncode
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a process group's rendezvous
+    (`MASTER_PORT`) started by hand; torchrun's `--standalone` picks its own. Another process
+    may take it before the group binds it: a small race, acceptable for local runs and tests."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
