@@ -98,8 +98,7 @@ def claim_threads(threads: int | None = None, register: Path | None = None) -> i
     """Register this process and set torch's intra-op threads: `threads` when given (kept for
     the whole run), else the fair share of the usable cores among the live commands (followed
     by `follow_share`). `OMP_NUM_THREADS` in the environment counts as given. Returns the
-    count set. A second call updates the pin (a command's own `--threads` after the
-    app-wide default)."""
+    count set. A later call keeps the registration and replaces the pin."""
     global _claim
     if threads is not None and threads < 1:
         raise LeantrainError(f"--threads must be at least 1 (got {threads})")
