@@ -83,6 +83,7 @@ def test_learner_bad_input_exits_2_naming_the_setting(tmp_path: Path) -> None:
         ([*base, "--mfu", "0"], "mfu"),
         ([*base, "--model", "llama3-70b", "--gpus", "2"], "does not fit"),
         ([*base, "--run", str(tmp_path)], "not with --run"),
+        ([*base, "--rollout-s", "-1"], "--rollout-s"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)

@@ -112,6 +112,8 @@ def simulate(
     if learner:
         if run is not None:
             raise LeantrainError("--learner goes alone or with --plan, not with --run")
+        if rollout_s is not None and rollout_s < 0:
+            raise LeantrainError(f"--rollout-s must be >= 0, got {rollout_s}")
         setup = learner_sim.LearnerSetup(
             model=learner_sim.model_shape(model, params_b=params_b),
             gpu=learner_sim.accelerator(
@@ -232,8 +234,6 @@ def _print_learner(setup: LearnerSetup, p: LearnerPrediction, rollout_s: float |
     table.add_row("learner step", f"{p.train_s:.2f}", f"{setup.tokens / p.train_s:,.0f} tokens/s")
     table.add_row("weight sync", f"{p.sync_s:.2f}", "gather on rank 0, send to rollout")
     if rollout_s is not None:
-        if rollout_s < 0:
-            raise LeantrainError(f"--rollout-s must be >= 0, got {rollout_s}")
         table.add_row("rollout (given)", f"{rollout_s:.2f}", "--rollout-s")
         table.add_row("sync RL step", f"{rollout_s + p.step_s:.2f}", "rollout + learner + sync")
     console.print(table)
