@@ -55,3 +55,36 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert "error" in result.output
+
+
+def test_learner_prints_the_step_and_the_sync_rl_total():
+    args = ["simulate", "--learner", "--model", "qwen2.5-0.5b", "--gpus", "4", "--tokens", "1e6"]
+    result = runner.invoke(app, [*args, "--seq-len", "1000", "--rollout-s", "10"])
+    assert result.exit_code == 0, result.output
+    for row in ("compute", "FSDP traffic", "Ulysses all-to-all", "learner step", "weight sync"):
+        assert row in result.output
+    assert "sync RL step" in result.output and "memory per GPU" in result.output
+
+
+def test_plan_with_the_learner() -> None:
+    args = ["simulate", "--plan", "8", "--sequences", "256", "--median", "100", "--p90", "400"]
+    args += ["--max-tokens", "2000", "--learner", "--model", "qwen2.5-0.5b", "--seq-len", "2000"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "qwen2.5-0.5b on h100" in result.output
+
+
+def test_learner_bad_input_exits_2_naming_the_setting(tmp_path: Path) -> None:
+    base = ["simulate", "--learner", "--tokens", "1e6"]
+    for args, named in (
+        (["simulate", "--learner"], "--tokens"),
+        ([*base, "--sequence-parallel", "3"], "sequence_parallel"),
+        ([*base, "--gpu", "v100"], "unknown gpu"),
+        ([*base, "--mfu", "0"], "mfu"),
+        ([*base, "--model", "llama3-70b", "--gpus", "2"], "does not fit"),
+        ([*base, "--run", str(tmp_path)], "not with --run"),
+        ([*base, "--rollout-s", "-1"], "--rollout-s"),
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert named in result.output, (args, result.output)

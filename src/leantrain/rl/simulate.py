@@ -7,11 +7,12 @@ decode iteration costs `iteration_s + sequence_s * live` seconds (the fixed cost
 what each live sequence adds), and a sequence needs as many iterations as its response has tokens
 (fewer in the tail with speculative decoding: `spec_tokens` per iteration at `spec_cost` times the
 price, once `live <= spec_threshold`). The trainer needs `train_s` per step plus `sync_s` to
-publish weights. Admission follows rl/orchestrator.py: a sequence of batch n starts only once step
-n - k is trained; the trainer takes batches oldest first. `granularity="batch"` is what the local
-and Ray backends do (a worker generates one whole batch at a time, on one version);
-`"sequence"` is DORA's streaming (a worker tops up free slots with the next batch's prompts,
-one version per sequence).
+publish weights (rl/learner_sim.py predicts both for an FSDP2 + Ulysses learner on GPUs of a
+preset; `plan(learner=...)` takes them from it). Admission follows rl/orchestrator.py: a
+sequence of batch n starts only once step n - k is trained; the trainer takes batches oldest
+first. `granularity="batch"` is what the local and Ray backends do (a worker generates one whole
+batch at a time, on one version); `"sequence"` is DORA's streaming (a worker tops up free slots
+with the next batch's prompts, one version per sequence).
 
 Events are sequence completions and trainer steps; between two events every live sequence of a
 worker advances by the same number of tokens, so a run of 10^5 sequences takes about a second.
@@ -34,6 +35,7 @@ from typing import Literal
 import numpy as np
 
 from leantrain.errors import LeantrainError
+from leantrain.rl.learner_sim import LearnerSetup, predict_learner
 
 
 @dataclass(frozen=True)
@@ -300,6 +302,7 @@ def plan(
     sync_s: float = 5.0,
     rollout_share: float = 0.75,
     spec: tuple[int, float, float] = (32, 2.5, 1.3),
+    learner: LearnerSetup | None = None,
 ) -> list[PlanRow]:
     """Sync (colocated: every accelerator rolls out, then every one trains) against async k=1,
     k=2 and async k=1 with speculative decoding in the tail (disaggregated: `rollout_share` of
@@ -309,16 +312,26 @@ def plan(
     The defaults are ASSUMPTIONS for a 7B-class model on H100-class accelerators, one rollout
     engine per accelerator: a decode iteration of 256 sequences costs 25 ms (memory-bound),
     training costs 6 * 7e9 FLOPs per token at 40% of 1 PFLOP/s (`train_token_s`, seconds per
-    token on one accelerator; a step's tokens split evenly), publishing weights 5 s."""
+    token on one accelerator; a step's tokens split evenly), publishing weights 5 s.
+
+    `learner` replaces the last two assumptions with the learner model (rl/learner_sim.py): each
+    setup's trainer accelerators become its `gpus`, the step's response tokens its `tokens`, and
+    its predicted step and weight sync the cluster's `train_s` and `sync_s`."""
     rows: list[PlanRow] = []
     workload = Workload(steps=steps, sequences=sequences, lengths=lengths)
     tokens = sequences * float(np.mean(lengths))
+
+    def trainer(gpus: int) -> tuple[float, float]:  # (train_s, sync_s) on `gpus` trainers
+        if learner is None:
+            return tokens * train_token_s / gpus, sync_s
+        p = predict_learner(replace(learner, gpus=gpus, tokens=tokens))
+        return p.train_s, p.sync_s
+
     for n in accelerators:
         roll = max(1, round(n * rollout_share))
-        colocated = Cluster(n, slots, iteration_s, sequence_s, tokens * train_token_s / n, sync_s)
-        split = replace(
-            colocated, rollout_workers=roll, train_s=tokens * train_token_s / max(1, n - roll)
-        )
+        colocated = Cluster(n, slots, iteration_s, sequence_s, *trainer(n))
+        split_train, split_sync = trainer(max(1, n - roll))
+        split = replace(colocated, rollout_workers=roll, train_s=split_train, sync_s=split_sync)
         setups = {
             "sync": (colocated, 0),
             "async k=1": (split, 1),
