@@ -1,6 +1,8 @@
 """vLLM as a rollout backend, checked against the trainer and the native engine on the tiny
 preset (fp32 both sides): logprobs equal a fresh trainer forward, token ids pass through
-untouched, greedy output follows a weight update token for token, and a GRPO run on it trains.
+untouched, greedy output follows a weight update (or a LoRA adapter's) token for token, each
+completion carries its timeline from vLLM's request stats, and a GRPO run on it trains and
+writes events that tile.
 
 Tests that need vllm skip where it is not installed, and fail where `CI` is set (`make test`
 installs it there, so a skip would hide a broken install). One engine serves the module."""
@@ -8,17 +10,24 @@ installs it there, so a skip would hide a broken install). One engine serves the
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams, require
+from leantrain.generation.backend import weights_snapshot
 from leantrain.models import load_model
+from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings
+from leantrain.models.lora import inject_lora
 from leantrain.rl.config import RLConfig
+from leantrain.telemetry.events import clock
 from leantrain.training.logprobs import token_logprobs
 
 # Measured on the tiny preset in fp32 (16 sampled responses, T=0.7, on this 2-core machine):
@@ -38,6 +47,17 @@ def need_vllm() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
         pytest.skip(message)
+
+
+def rollout_events_checks():
+    """tests/rl/test_rollout_events.py as a module: the invariants every run's events keep."""
+    path = Path(__file__).parents[1] / "rl" / "test_rollout_events.py"
+    spec = importlib.util.spec_from_file_location("rollout_events_checks", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +178,24 @@ def test_greedy_after_a_weight_update_equals_the_trainer_models(
     assert [c.response_ids for c in backend.generate(prompt_ids, params)] == before
 
 
+def test_each_completion_carries_its_own_timeline_inside_the_call(backend, prompt_ids) -> None:
+    batch = [p for p in prompt_ids for _ in range(3)]  # groups: each row keeps its own times
+    start = clock()
+    completions = backend.generate(
+        batch, SamplingParams(temperature=1.0, max_new_tokens=40), seed=5
+    )
+    end = clock()
+    slack = 1e-3  # the wall clock's offset to clock() is read apart from the call
+    for c in completions:
+        marks = c.timeline.marks
+        assert [m.phase for m in marks] == ["queue", "prefill", "decode", "done"]
+        assert all(a.t <= b.t for a, b in itertools.pairwise(marks))
+        assert start - slack <= marks[0].t and marks[-1].t <= end + slack
+        assert [m.tokens for m in marks] == [0, 0, 1, len(c.response_ids)]
+    # Rows of one group finish at their own times, not all at the last child's.
+    assert len({c.timeline.marks[-1].t for c in completions}) > len(prompt_ids)
+
+
 def test_what_it_cannot_do_is_refused_by_name(backend, prompt_ids) -> None:
     for capability in ("hidden_states", "images", "speculation", "kv_budget"):
         with pytest.raises(LeantrainError, match="VLLMBackend has none"):
@@ -200,10 +238,94 @@ def test_missing_vllm_names_the_setting_and_the_make_target(
         rollout_backend(cfg, model, tok, make_task("tool_arith"))
 
 
+@pytest.fixture(scope="module")
+def lora_policy(tiny_path, tmp_path_factory, backend):
+    """The tiny model with a LoRA adapter injected, and a vLLM engine serving its adapter.
+    Module-scoped, like `backend`: an engine freed in this process tears down vLLM's process
+    groups, and one started after that fails, so the GRPO run's engine is the last one started."""
+    need_vllm()
+    from leantrain.generation.vllm_backend import VLLMBackend
+
+    model, tok = load_model(tiny_path)
+    lora = inject_lora(model, LoraSettings(r=8, alpha=16), LLAMA_PROJECTIONS)
+    adapters = tmp_path_factory.mktemp("run") / "adapters"
+    vllm = VLLMBackend(
+        tiny_path, dtype="float32", max_model_len=512, kv_cache_gib=1, lora=lora,
+        adapter_dir=adapters,
+    )  # fmt: skip
+    yield model, tok, vllm, adapters
+    del vllm.llm
+
+
+def test_a_lora_policy_publishes_its_adapter_and_vllm_follows_it(
+    lora_policy, tiny_path, prompt_ids
+) -> None:
+    model, tok, vllm, adapters = lora_policy
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=32)
+    before = [c.response_ids for c in vllm.generate(prompt_ids, greedy)]
+    # Updates: new adapter weights (the base stays frozen); version 2 twice, so its reused id
+    # must be reloaded from disk, not served from vLLM's adapter cache.
+    for seed, version in enumerate((1, 2, 2)):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if ".lora_" in name:
+                    p.normal_(0, 0.05)
+        vllm.load_weights(weights_snapshot(model), version)
+        assert vllm.version == version and vllm.adapter.lora_int_id == version + 1
+        folders = list(Path(vllm.adapter.lora_path).parent.iterdir())
+        assert [f.name for f in folders] == [f"v{version}"]  # the old one is removed
+        assert (folders[0] / "adapter_model.safetensors").is_file()
+        assert Path(vllm.adapter.lora_path).is_relative_to(adapters)
+        got = vllm.generate(prompt_ids, greedy)
+        expected = Engine(model, tok).generate(prompt_ids, greedy)
+        assert [c.response_ids for c in got] == [c.response_ids for c in expected]
+        for a, b in zip(expected, got, strict=True):
+            assert b.logprobs == pytest.approx(a.logprobs, abs=LOGPROB_TOL)
+    assert [c.response_ids for c in got] != before  # the adapter did change the policy
+    sampled = vllm.generate(prompt_ids, SamplingParams(temperature=0.7, max_new_tokens=32))
+    gap = torch.cat(
+        [
+            trainer_logprobs(model, p, c.response_ids, 0.7) - torch.tensor(c.logprobs)
+            for p, c in zip(prompt_ids, sampled, strict=True)
+        ]
+    ).abs()
+    print(f"vLLM+LoRA vs trainer logprobs (fp32): max {gap.max():.2e}, mean {gap.mean():.2e}")
+    print(f"adapter publish seconds: {vllm.sync_seconds}")
+    assert float(gap.max()) < LOGPROB_TOL
+    with pytest.raises(LeantrainError, match="without one"):
+        vllm.load_weights(weights_snapshot(load_model(tiny_path)[0]), 3)
+
+
+def test_a_lora_run_starts_vllm_with_its_adapter_settings(
+    small_rl_config: RLConfig, monkeypatch
+) -> None:
+    from leantrain.generation import vllm_backend
+    from leantrain.rl.rollout import rollout_backend
+    from leantrain.tasks import make_task
+
+    made: list[tuple] = []
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", lambda *a, **kw: made.append((a, kw)))
+    cfg = small_rl_config.model_copy(deep=True)
+    cfg.rollout.backend = "vllm"
+    cfg.lora.enabled, cfg.lora.r = True, 4
+    model, tok = load_model(cfg.model.name)
+    inject_lora(model, cfg.lora, cfg.lora.targets)
+    model.name_or_path = "made-in-memory"  # saved under the run folder, base names only
+    rollout_backend(cfg, model, tok, make_task("arith"))
+    (((folder,), kw),) = made
+    assert kw["lora"].r == 4 and kw["adapter_dir"] == cfg.out / "vllm-adapters"
+    saved = load_model(folder)[0].state_dict()
+    base = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items()}
+    assert saved.keys() == {k for k in base if ".lora_" not in k}
+
+
 def test_three_grpo_steps_on_vllm_train_on_policy(small_rl_config: RLConfig, backend) -> None:
     from leantrain.rl.grpo import GRPORun
 
     cfg = small_rl_config.model_copy(update={"steps": 3, "checkpoint_every": 3}, deep=True)
+    assert cfg.telemetry.events  # on by default
     cfg.rollout.backend = "vllm"
     cfg.rollout.vllm_max_model_len = 512
     run = GRPORun(cfg, progress=False)
@@ -225,3 +347,13 @@ def test_three_grpo_steps_on_vllm_train_on_policy(small_rl_config: RLConfig, bac
     expected = Engine(run.model, run.tokenizer).generate(prompts, params)
     got = run.source.backend.generate(prompts, params)
     assert [c.response_ids for c in got] == [c.response_ids for c in expected]
+    # events.jsonl: the trainer's spans tile the run, each sequence's vLLM spans tile its life
+    # inside its batch's `generate` span, and batch n decodes on version n.
+    checks = rollout_events_checks()
+    events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
+    batch = cfg.grpo.prompts_per_step * cfg.grpo.group_size
+    seqs = checks.check_events(events, steps=3, size=batch)
+    assert {track for track, _, _ in seqs} == {"trainer"}
+    assert checks._versions(seqs) == {b: {b} for b in range(3)}
+    for spans in seqs.values():
+        assert [s["name"] for s in spans] == ["queue", "prefill", "decode", "finish"]

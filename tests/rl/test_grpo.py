@@ -83,6 +83,26 @@ def test_resume_equals_straight_run(small_rl_config: RLConfig, tmp_path) -> None
     assert steps == [1, 2, 3, 4]
 
 
+def test_lora_trains_the_adapter_only_and_resumes(small_rl_config: RLConfig, tmp_path) -> None:
+    cfg = small_rl_config.model_copy(update={"out": tmp_path / "lora"}, deep=True)
+    cfg.lora.enabled = True
+    run = GRPORun(cfg, progress=False)
+    before = _weights(run)
+    assert any(".lora_A." in k for k in before)
+    run.run()
+    after = _weights(run)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {k for k in before if ".lora_B." in k or ".lora_A." in k}
+    resumed = GRPORun(cfg.model_copy(update={"steps": 3}), progress=False, resume=True)
+    assert resumed.step == 2
+    for k, v in _weights(resumed).items():
+        torch.testing.assert_close(v, after[k], rtol=0, atol=0, msg=k)
+    with pytest.raises(ValueError, match=r"lora\.enabled needs orchestrator\.mode: sync"):
+        RLConfig.model_validate(
+            {**cfg.model_dump(), "orchestrator": {"mode": "async"}, "lora": {"enabled": True}}
+        )
+
+
 def test_lr_factor_warms_up_then_follows_the_schedule() -> None:
     # warm-up over 10 steps, 100 steps in all
     assert learner.lr_factor("constant", 0, 10, 100) == pytest.approx(0.1)

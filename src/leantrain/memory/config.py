@@ -8,18 +8,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from leantrain.models.config import ModelConfig
+from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings, ModelConfig
 from leantrain.settings import Strict
 from leantrain.telemetry.config import TelemetryConfig
 
 Method = Literal["full", "lora", "lars", "lora+lars"]
-# Every projection of a Llama/Qwen-style decoder layer.
-LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoraSettings(Strict):
-    r: int = Field(8, ge=1, description="LoRA rank: adapter size; higher learns more, costs more.")
-    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (update x alpha / r).")
 
 
 class LarsSettings(Strict):

@@ -138,14 +138,9 @@ class SFTRun:
         place: the HF model object (`self.model`) stays the one that is trained and evaluated."""
         cfg, method = self.config, self.config.method
         if method in ("lora", "lora+lars"):
-            from peft import LoraConfig, inject_adapter_in_model
+            from leantrain.models.lora import inject_lora
 
-            lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=cfg.targets)
-            self.model.requires_grad_(False)
-            try:
-                inject_adapter_in_model(lora, self.model)
-            except ValueError as e:
-                raise LeantrainError(f"targets: {e}") from None
+            inject_lora(self.model, cfg.lora, cfg.targets)
         elif method == "lars":  # the targeted projections train their full weights
             self.model.requires_grad_(False)
             for name, module in self.model.named_modules():

@@ -26,3 +26,14 @@ class ModelConfig(Strict):
         "RL (the projector and the LM still train). Saves its gradients and optimizer state and "
         "keeps the image features the warm start learned; off lets RL adapt the reading too.",
     )
+
+
+# Every projection of a Llama/Qwen-style decoder layer.
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(Strict):
+    """A LoRA adapter's size (models/lora.py), for `leantrain tune` and GRPO alike."""
+
+    r: int = Field(8, ge=1, description="LoRA rank: adapter size; higher learns more, costs more.")
+    alpha: float = Field(16.0, gt=0, description="LoRA scale numerator (update x alpha / r).")

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from leantrain.distributed.config import DistributedConfig
 from leantrain.generation.config import SamplingParams
-from leantrain.models.config import ModelConfig
+from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings, ModelConfig
 from leantrain.settings import Strict
 from leantrain.speculation.config import SpeculativeConfig
 from leantrain.tasks.config import TaskConfig
@@ -188,6 +188,22 @@ class RolloutConfig(Strict):
     )
 
 
+class PolicyLoraConfig(LoraSettings):
+    """Train a LoRA adapter (peft, models/lora.py) on the frozen policy instead of every
+    weight. Off by default: on the tiny CPU models full training is cheap and learns more."""
+
+    enabled: bool = Field(
+        False,
+        description="Train only a LoRA adapter on `targets` (the rest frozen): a fraction of "
+        "the optimizer state, and on rollout.backend: vllm the publish sends the adapter only "
+        "(a `LoRARequest` per version) instead of every weight.",
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: list(LLAMA_PROJECTIONS),
+        description="Linear layers the adapter adapts (module name endings).",
+    )
+
+
 class RLConfig(Strict):
     """A GRPO run: `leantrain rl --config FILE` loads one of these."""
 
@@ -203,6 +219,10 @@ class RLConfig(Strict):
     speculative: SpeculativeConfig = Field(
         default_factory=SpeculativeConfig,
         description="Speculative decoding in the long tail of each rollout (sync mode).",
+    )
+    lora: PolicyLoraConfig = Field(
+        default_factory=PolicyLoraConfig,
+        description="Train a LoRA adapter instead of every weight (sync mode, one rank).",
     )
     steps: int = Field(120, ge=0, description="Optimizer steps (one rollout batch each).")
     seed: int = Field(0, description="Seeds prompts, sampling and initialization.")
@@ -249,6 +269,16 @@ class RLConfig(Strict):
             raise ValueError(
                 "speculative.enabled needs orchestrator.mode: sync "
                 f"(got {self.orchestrator.mode!r}); async rollout workers do not speculate yet"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_in_sync_mode(self) -> RLConfig:
+        # Rollout workers build their policy copies from the model name: no adapter in them.
+        if self.lora.enabled and self.orchestrator.mode != "sync":
+            raise ValueError(
+                "lora.enabled needs orchestrator.mode: sync "
+                f"(got {self.orchestrator.mode!r}); rollout workers hold no adapter yet"
             )
         return self
 

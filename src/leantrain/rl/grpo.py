@@ -27,10 +27,11 @@ backend's numerics; with vLLM servers it runs elsewhere anyway.
     summary = GRPORun(load_settings(RLConfig, "configs/tiny-arith.yaml", steps=20)).run()
 
 Set-up order matters: model before learner (its optimizer holds the parameters; a frozen vision
-tower holds no state), learner before resume (resume restores its state), task before the
-test set. Vision-language models (a VLM folder or `tiny-vl`, a task whose examples carry
-`meta["image"]`): prompts go through the processor, the pixel values go to the engine's prefill
-and every training forward, and `report.html` shows sampled images with their completions.
+tower, or the base weights under a LoRA adapter, hold no state), learner before resume (resume
+restores its state), task before the test set. Vision-language models (a VLM folder or
+`tiny-vl`, a task whose examples carry `meta["image"]`): prompts go through the processor, the
+pixel values go to the engine's prefill and every training forward, and `report.html` shows
+sampled images with their completions.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from transformers import ProcessorMixin
 from leantrain.distributed import World, broadcast, join, launched_by_torchrun, leave, single
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model, pick_device, resolve_model_path
+from leantrain.models.lora import inject_lora
 from leantrain.models.vision import is_vision_config, load_processor
 from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
@@ -121,10 +123,10 @@ class GRPORun:
                 f"grpo.group_size = {cfg.grpo.prompts_per_step} x {cfg.grpo.group_size} = "
                 f"{batch} trajectories; use a rank count that divides it"
             )
-        if cfg.orchestrator.mode != "sync" or cfg.speculative.enabled:
+        if cfg.orchestrator.mode != "sync" or cfg.speculative.enabled or cfg.lora.enabled:
             raise NotImplementedError(
                 "more than one rank runs orchestrator.mode: sync without speculative.enabled "
-                "only, for now"
+                "or lora.enabled only, for now"
             )
         self.world = join(self.device, cfg.distributed.timeout_s)
         self.device = self.world.device
@@ -135,6 +137,8 @@ class GRPORun:
             self.config.model.name, device=str(self.device), dtype="float32"
         )
         self._setup_vision()
+        if self.config.lora.enabled:  # in place: the model object stays the one trained
+            inject_lora(self.model, self.config.lora, self.config.lora.targets, "lora.targets")
         # TLT: speculation in the long tail, with the EAGLE drafter trained online when asked.
         self.long_tail: LongTail | None = None
         if self.config.speculative.enabled:

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixi
 from leantrain.errors import LeantrainError
 from leantrain.generation import Backend, Completion, Engine, Speculator, require
 from leantrain.models import encode_prompt
+from leantrain.models.lora import lora_config, split_adapter
 from leantrain.models.vision import encode_image_prompt
 from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import Episode, EpisodeRunner, episode_trajectories, is_multi_turn
@@ -135,16 +136,21 @@ def vllm_backend(
             "rollout.backend: vllm needs the vllm package, which is not installed in this "
             f"environment: run `make vllm` ({INSTALL_HINT})"
         )
+    lora = config.lora
     folder = Path(str(model.name_or_path))
     if not (folder / "config.json").is_file():
         folder = Path(config.out) / "vllm-policy"
-        model.save_pretrained(folder)
+        # Under an adapter, vLLM loads the base weights under their own names.
+        state = split_adapter(model.state_dict())[0] if lora.enabled else None
+        model.save_pretrained(folder, state_dict=state)
         tokenizer.save_pretrained(folder)
     cuda = next(model.parameters()).device.type == "cuda"
     dtype = config.model.dtype if config.model.dtype != "auto" else ("auto" if cuda else "float32")
     r = config.rollout
     return VLLMBackend(
         folder,
+        lora=lora_config(lora, lora.targets) if lora.enabled else None,
+        adapter_dir=Path(config.out) / "vllm-adapters",
         dtype=dtype,
         max_batch_size=config.max_batch_size,
         max_model_len=r.vllm_max_model_len,
