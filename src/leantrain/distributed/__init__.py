@@ -1,6 +1,7 @@
 """Scale-out on torch.distributed: joining the process group torchrun describes (with a named
 error for a missing or dead rank), FSDP2 sharding of a Hugging Face model, launching N local
-ranks, and DeepSpeed-Ulysses sequence parallelism (attention and the SFT step hooks).
+ranks, and DeepSpeed-Ulysses sequence parallelism (attention, the SFT step hooks, and the
+pieces the GRPO learner splits its packed rows with).
 
 Sits beside `speculation` above `training`/`generation` and below `rl`: it knows models and
 process groups, never trajectories or losses."""
@@ -20,13 +21,18 @@ from leantrain.distributed.process_group import (
 from leantrain.distributed.sequence import (
     SequenceParallelHooks,
     all_reduce_grads,
+    check_ranks,
+    gather_owned,
+    sequence_group,
     sequence_parallel_backward,
     shard_batch,
+    shard_row,
 )
 from leantrain.distributed.ulysses import (
     COMM,
     check_heads,
     heads_to_seq,
+    packed_sequences,
     register,
     seq_to_heads,
 )
@@ -40,20 +46,25 @@ __all__ = [
     "balanced_split",
     "broadcast",
     "check_heads",
+    "check_ranks",
     "collective",
     "decoder_layers",
     "free_port",
     "full_state_dict",
+    "gather_owned",
     "heads_to_seq",
     "join",
     "launched_by_torchrun",
     "leave",
+    "packed_sequences",
     "register",
     "run_torchrun",
     "seq_to_heads",
+    "sequence_group",
     "sequence_parallel_backward",
     "shard",
     "shard_batch",
+    "shard_row",
     "single",
     "torchrun_command",
 ]

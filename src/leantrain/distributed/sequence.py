@@ -1,5 +1,7 @@
 """Training under Ulysses sequence parallelism: split a batch's tokens across ranks, a
-token-weighted loss that equals the single-process loss, and gradients summed over ranks.
+token-weighted loss that equals the single-process loss, and gradients summed over ranks. Also
+the pieces a packed-row learner builds on (`rl.learner`): the ranks' sequence-parallel groups,
+a packed row split over them, and per-token values assembled from every rank's share.
 
 Labels are shifted on the full sequence before it is split (the label of the last token of shard
 j is the first token of shard j+1), so each rank scores exactly its own positions. Every rank gets
@@ -14,6 +16,7 @@ takes a `backward(model, chunks)` (as `leantrain.memory.sft.SFTRun` does).
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -22,6 +25,8 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.distributed import ulysses
+from leantrain.distributed.process_group import World
+from leantrain.errors import LeantrainError
 from leantrain.models.finetune import IGNORE
 
 
@@ -44,6 +49,74 @@ def shard_batch(
     positions = torch.arange(local * world).expand(batch, -1)
     part = slice(rank * local, (rank + 1) * local)
     return ids[:, part], positions[:, part], shifted[:, part]
+
+
+def check_ranks(ranks: int, size: int, setting: str) -> None:
+    """A LeantrainError naming `setting` when a sequence-parallel `size` does not divide the
+    number of ranks."""
+    if size < 1 or ranks % size:
+        raise LeantrainError(
+            f"{setting} = {size} must divide the number of ranks ({ranks}); launch a "
+            f"multiple of {size} ranks (`--nproc-per-node`) or lower {setting}"
+        )
+
+
+def sequence_group(world: World, size: int, setting: str) -> dist.ProcessGroup:
+    """This rank's sequence-parallel group: ranks are grouped by `size` consecutive ones
+    ([0..size-1], [size..2size-1], ...), each group one data-parallel replica. A collective:
+    every rank calls it, in the same order. Raises a LeantrainError naming `setting` when
+    `size` does not divide the number of ranks (`check_ranks`), before communicating."""
+    check_ranks(world.size, size, setting)
+    timeout = datetime.timedelta(seconds=world.timeout_s)
+    groups = [
+        dist.new_group(list(range(first, first + size)), timeout=timeout)
+        for first in range(0, world.size, size)
+    ]
+    return groups[world.rank // size]
+
+
+def shard_row(
+    input_ids: torch.Tensor,  # (1, T) a packed row
+    position_ids: torch.Tensor,  # (1, T) restarting at 0 at each packed sequence
+    rank: int,
+    world: int,
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Split a packed row over `world` ranks: this rank's input ids and position ids, each
+    (1, T'/P), the full row's position ids (1, T') for `ulysses.packed_sequences`, and the row
+    index of this rank's first token; T' is T rounded up to a multiple of P.
+
+    The padding is a sequence of its own (positions from 0) after every real token, so with
+    attention kept inside each packed sequence no real token sees it, and it predicts nothing
+    anyone reads.
+    """
+    length = input_ids.shape[1]
+    local = -(-length // world)  # ceil
+    pad = local * world - length
+    ids = F.pad(input_ids, (0, pad), value=pad_id)
+    padding = torch.arange(pad, device=position_ids.device, dtype=position_ids.dtype)
+    positions = torch.cat([position_ids, padding[None]], dim=1)
+    part = slice(rank * local, (rank + 1) * local)
+    return ids[:, part], positions[:, part], positions, rank * local
+
+
+def gather_owned(
+    local: torch.Tensor,  # (R_own,) this rank's values, in `owned` order
+    owned: torch.Tensor,  # (R,) bool: which entries this rank computed
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:  # (R,)
+    """A flat tensor whose entries the ranks of `group` computed between them (each entry on
+    exactly one rank), whole on every rank: one all-reduce of R values.
+
+    Gradient flows into this rank's own entries only; the others are detached copies. So when
+    every rank computes the same loss on the result and backpropagates it, rank r's backward
+    carries dL/d(its entries), and the ranks' parameter gradients sum to dL/dθ, whatever the
+    loss (no rank's loss counts any entry twice).
+    """
+    whole = torch.zeros(owned.shape, dtype=local.dtype, device=local.device)
+    whole[owned] = local.detach()
+    dist.all_reduce(whole, group=group)
+    return whole.masked_scatter(owned, local)
 
 
 def local_loss_sum(model: PreTrainedModel, ids, positions, shifted) -> torch.Tensor:

@@ -259,7 +259,8 @@ class RLConfig(Strict):
     )
     distributed: DistributedConfig = Field(
         default_factory=DistributedConfig,
-        description="Data-parallel learner ranks (launched by torchrun or `--nproc-per-node`).",
+        description="Learner ranks (launched by torchrun or `--nproc-per-node`): their timeout "
+        "and how many split each packed row (sequence parallelism) inside data parallelism.",
     )
 
     @model_validator(mode="after")

@@ -48,7 +48,15 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from transformers import ProcessorMixin
 
-from leantrain.distributed import World, broadcast, join, launched_by_torchrun, leave, single
+from leantrain.distributed import (
+    World,
+    broadcast,
+    check_ranks,
+    join,
+    launched_by_torchrun,
+    leave,
+    single,
+)
 from leantrain.errors import LeantrainError
 from leantrain.models import load_model, pick_device, resolve_model_path
 from leantrain.models.lora import inject_lora
@@ -112,14 +120,20 @@ class GRPORun:
     def _setup_world(self) -> None:
         """Join the ranks torchrun started, if any, and refuse what N ranks cannot run yet."""
         self.world: World = single(self.device)
-        if not launched_by_torchrun():
-            return
         cfg = self.config
-        ranks = int(os.environ["WORLD_SIZE"])  # refused before waiting for the others
+        # Refused before waiting for the others (or loading the model, in one process).
+        ranks = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else 1
+        sp = cfg.distributed.sequence_parallel_size
+        check_ranks(ranks, sp, "distributed.sequence_parallel_size")
+        if ranks == 1:
+            return
         batch = cfg.grpo.prompts_per_step * cfg.grpo.group_size
-        if batch % ranks:
+        if batch % (ranks // sp):
+            groups = f"{ranks} ranks"
+            if sp > 1:
+                groups = f"{ranks // sp} data-parallel groups ({groups} / {sp} sequence-parallel)"
             raise LeantrainError(
-                f"{ranks} ranks do not divide the batch of grpo.prompts_per_step x "
+                f"{groups} do not divide the batch of grpo.prompts_per_step x "
                 f"grpo.group_size = {cfg.grpo.prompts_per_step} x {cfg.grpo.group_size} = "
                 f"{batch} trajectories; use a rank count that divides it"
             )

@@ -18,6 +18,14 @@ dealt one fewer run a fully masked copy of the smallest (zero loss, zero gradien
 runs the same number of FSDP forwards and backwards. FSDP sums the ranks' gradients, and the
 sum is the single-process gradient. Rank 0 keeps an unsharded copy of the weights (`policy`):
 what rollouts sample from, what `publish` returns and what checkpoints hold.
+
+Sequence-parallel inside that (`distributed.sequence_parallel_size` P > 1): the ranks form
+world/P groups of P consecutive ranks; micro-batches are dealt to the groups, not the ranks, and
+the P ranks of a group split each of its micro-batches' row between them, with Ulysses
+all-to-alls around every attention (`rl.packing.sequence_parallel_logprobs`). Every rank of a
+group ends up with the micro-batch's whole per-token log-probabilities, gradient flowing only
+into its own tokens, and computes the micro-batch's exact loss; so the sum of all ranks'
+gradients (FSDP over the whole world, as without SP) is still the single-process gradient.
 """
 
 from __future__ import annotations
@@ -43,12 +51,17 @@ from leantrain.distributed import (
     World,
     balanced_split,
     broadcast,
+    check_heads,
     collective,
     full_state_dict,
+    register,
+    sequence_group,
     shard,
     single,
 )
+from leantrain.errors import LeantrainError
 from leantrain.generation.backend import weights_snapshot
+from leantrain.models.vision import is_vision_config
 from leantrain.rl.config import RLConfig
 from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs
@@ -91,6 +104,8 @@ class Learner:
         model: the module trained: `model` itself in one process, FSDP-sharded over the ranks.
         policy: the unsharded weights rollouts sample from and `publish` returns: `model` itself
             in one process; on N ranks a full copy kept on rank 0 (None on the others).
+        sequence_group: the ranks that split this rank's micro-batches with it (None: no
+            sequence parallelism).
     """
 
     def __init__(
@@ -104,12 +119,15 @@ class Learner:
         self.device = device
         self.world = world or single(device)
         g = config.grpo
+        self.sequence_group = self._setup_sequence_parallel(model)
         self.policy: torch.nn.Module | None = model
         self.ref_model = None
         if self.world.size > 1:
             # Rank 0 trains a copy and keeps `model` whole for rollouts; the others shard it.
             self.policy = model if self.world.is_main else None
             model = copy.deepcopy(model) if self.world.is_main else model
+        if self.sequence_group is not None:  # the trained copy only: rollouts attend as before
+            model.set_attn_implementation(register(self.sequence_group))
         if g.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if self.world.size > 1:
@@ -127,6 +145,33 @@ class Learner:
         self.logprob_temperature = temperature if temperature > 0 else 1.0
         self.steps = 0
         self.version = 0
+
+    def _setup_sequence_parallel(self, model: torch.nn.Module) -> dist.ProcessGroup | None:
+        """This rank's sequence-parallel group (None when `sequence_parallel_size` is 1), after
+        refusing a size that does not divide the ranks or the model's attention heads (on every
+        rank, before any collective)."""
+        size = self.config.distributed.sequence_parallel_size
+        if size == 1:
+            return None
+        setting = "distributed.sequence_parallel_size"
+        if is_vision_config(model.config):
+            raise LeantrainError(
+                f"{setting} = {size} trains text-only models; {type(model).__name__} is a "
+                "vision-language model, whose image tokens are not split across ranks yet"
+            )
+        if not getattr(model, "_supports_attention_backend", False):
+            raise LeantrainError(
+                f"{setting} = {size} needs a model whose attention goes through transformers' "
+                f"attention interface (Llama, Qwen2, ...); {type(model).__name__} does not"
+            )
+        check_heads(model.config.num_attention_heads, size, setting)
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+            raise LeantrainError(
+                f"{setting} = {size} needs full attention in every layer; this model has "
+                "sliding-window layers (Qwen2's use_sliding_window), which Ulysses does not split"
+            )
+        with self._collective("creating the sequence-parallel groups"):
+            return sequence_group(self.world, size, setting)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return compute_autocast(self.config, self.device)
@@ -207,7 +252,7 @@ class Learner:
                 if self.world.size > 1:  # reduce-scatter the gradients once, after the last
                     self.model.set_requires_gradient_sync(i == len(batches) - 1)
                 with self.autocast():
-                    logp = packed_logprobs(self.model, mb, self.logprob_temperature)
+                    logp = self._logprobs(self.model, mb)
                     if extra is None:
                         prox = logp.detach()
                         extra = correction_inputs(
@@ -216,7 +261,7 @@ class Learner:
                     ref = None
                     if self.ref_model is not None:
                         with torch.no_grad():
-                            ref = packed_logprobs(self.ref_model, mb, self.logprob_temperature)
+                            ref = self._logprobs(self.ref_model, mb)
                 loss, mb_stats = policy_loss(
                     logp,
                     advantages=mb.advantages,
@@ -259,14 +304,23 @@ class Learner:
         self.steps += 1  # a skipped update is still a step of the schedule
         return stats
 
+    def _logprobs(self, model: torch.nn.Module, mb: PackedBatch) -> torch.Tensor:
+        """`mb`'s per-token log-probabilities (R,) under `model`, the row split over the
+        sequence-parallel group if there is one."""
+        return packed_logprobs(model, mb, self.logprob_temperature, self.sequence_group)
+
     def _share(self, batches: list[PackedBatch]) -> list[PackedBatch]:
-        """This rank's micro-batches: all of them in one process; on N ranks its token-balanced
-        share, topped up with fully masked copies of the smallest one (zero loss and gradient)
-        to the largest share's count, so every rank runs the same FSDP collectives."""
+        """This rank's micro-batches: all of them in one process; on N ranks its data-parallel
+        group's token-balanced share (a group is one rank, or P under sequence parallelism, all
+        P with the same share), topped up with fully masked copies of the smallest one (zero
+        loss and gradient) to the largest share's count, so every rank runs the same FSDP
+        collectives."""
         if self.world.size == 1:
             return batches
-        shares = balanced_split([mb.input_ids.shape[1] for mb in batches], self.world.size)
-        mine = [batches[i] for i in shares[self.world.rank]]
+        group = self.config.distributed.sequence_parallel_size  # ranks per data-parallel group
+        sizes = [mb.input_ids.shape[1] for mb in batches]
+        shares = balanced_split(sizes, self.world.size // group)
+        mine = [batches[i] for i in shares[self.world.rank // group]]
         smallest = min(batches, key=lambda mb: mb.input_ids.shape[1])
         filler = replace(smallest, loss_mask=torch.zeros_like(smallest.loss_mask))
         return mine + [filler] * (max(map(len, shares)) - len(mine))
@@ -275,12 +329,14 @@ class Learner:
         self, total_loss: float, iteration_stats: dict[str, float]
     ) -> tuple[float, dict[str, float]]:
         """The loss and the token-weighted stats summed over the ranks' micro-batches (the
-        same keys, in the same order, on every rank)."""
+        same keys, in the same order, on every rank). The P ranks of a sequence-parallel group
+        each hold their micro-batches' whole loss, so the sum over ranks is divided by P."""
         if self.world.size == 1:
             return total_loss, iteration_stats
         values = torch.tensor([total_loss, *iteration_stats.values()], dtype=torch.float64)
         values = values.to(self.device)
         dist.all_reduce(values)
+        values /= self.config.distributed.sequence_parallel_size
         total, *rest = values.tolist()
         return total, dict(zip(iteration_stats, rest, strict=True))
 
@@ -290,7 +346,7 @@ class Learner:
 
         def proximal() -> torch.Tensor:
             with self.autocast():
-                return packed_logprobs(self.model, mb, self.logprob_temperature)
+                return self._logprobs(self.model, mb)
 
         return correction_inputs(correction, mb.old_logprobs, proximal, is_cap)
 

@@ -15,8 +15,11 @@ from dataclasses import dataclass, fields, replace
 from itertools import chain
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
+from leantrain.distributed import gather_owned, packed_sequences, shard_row
+from leantrain.errors import LeantrainError
 from leantrain.rl.losses import LossContext
 from leantrain.rl.trajectory import Trajectory
 from leantrain.training.logprobs import token_logprobs
@@ -142,6 +145,7 @@ def packed_logprobs(
     model: nn.Module,  # a Hugging Face causal LM (or a peft wrapper of one)
     batch: PackedBatch,  # on the model's device
     temperature: float = 1.0,
+    sequence_group: dist.ProcessGroup | None = None,
 ) -> Tensor:  # (R,) float32, with grad through the model
     """log softmax(logits / temperature) at each response token (`training.logprobs`), from one
     forward over the row.
@@ -157,7 +161,11 @@ def packed_logprobs(
     (created by default when `config.use_cache` is on) the detection is skipped and later
     sequences attend to earlier ones. A hand-built 4-D boolean mask would be no better: sdpa
     accepts it, but eager adds it to the scores as 0/1 and silently mixes the sequences.
+
+    With a `sequence_group`, the row is split over its ranks (`sequence_parallel_logprobs`).
     """
+    if sequence_group is not None:
+        return sequence_parallel_logprobs(model, batch, sequence_group, temperature)
     images = {} if batch.pixel_values is None else {"pixel_values": batch.pixel_values}
     out = model(
         input_ids=batch.input_ids,
@@ -167,6 +175,44 @@ def packed_logprobs(
         **images,
     )
     return token_logprobs(out.logits[0], batch.targets, temperature)  # logits (R, vocab)
+
+
+def sequence_parallel_logprobs(
+    model: nn.Module,  # the causal LM, its attention switched to Ulysses over `group`
+    batch: PackedBatch,  # the same batch on every rank of `group`, on the model's device
+    group: dist.ProcessGroup,
+    temperature: float = 1.0,
+) -> Tensor:  # (R,) float32, the same values on every rank of `group`
+    """`packed_logprobs` with the row split over the P ranks of `group` (Ulysses).
+
+    Each rank runs the model on its T/P consecutive tokens (`distributed.shard_row`; their own
+    position ids, so RoPE is local) with attention kept inside each packed sequence of the full
+    row (`distributed.packed_sequences`), and computes logits only at the response positions
+    that fall in its slice. The per-token log-probabilities are then assembled whole on every
+    rank (`distributed.gather_owned`, one all-reduce of R floats), with gradient into this
+    rank's own tokens only: every rank computes the whole micro-batch's loss from them, exactly
+    as one process would, and the ranks' gradients sum to that loss's gradient.
+    """
+    if batch.pixel_values is not None:
+        raise LeantrainError(
+            "distributed.sequence_parallel_size > 1 trains text-only models; this batch has "
+            "images (a vision-language model's image tokens cannot be split across ranks yet)"
+        )
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    ids, positions, row_positions, start = shard_row(
+        batch.input_ids, batch.position_ids, rank, size
+    )
+    stop = start + ids.shape[1]
+    owned = (batch.logit_positions >= start) & (batch.logit_positions < stop)
+    with packed_sequences(row_positions):
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=batch.logit_positions[owned] - start,
+        )
+    local = token_logprobs(out.logits[0], batch.targets[owned], temperature)
+    return gather_owned(local, owned, group)
 
 
 def micro_batches(trajectories: Sequence[Trajectory], max_tokens: int) -> list[list[int]]:
