@@ -1,6 +1,7 @@
 """Scale-out on torch.distributed: joining the process group torchrun describes (with a named
 error for a missing or dead rank), FSDP2 sharding of a Hugging Face model, launching N local
-ranks, and DeepSpeed-Ulysses sequence parallelism (attention and the SFT step hooks).
+ranks (torchrun) or placing them on a Ray cluster (`ray_group`, Ray imported only there), and
+DeepSpeed-Ulysses sequence parallelism (attention and the SFT step hooks).
 
 Sits beside `speculation` above `training`/`generation` and below `rl`: it knows models and
 process groups, never trajectories or losses."""
@@ -17,6 +18,7 @@ from leantrain.distributed.process_group import (
     leave,
     single,
 )
+from leantrain.distributed.ray_group import Placed, run_group
 from leantrain.distributed.sequence import (
     SequenceParallelHooks,
     all_reduce_grads,
@@ -33,6 +35,7 @@ from leantrain.distributed.ulysses import (
 
 __all__ = [
     "COMM",
+    "Placed",
     "RankError",
     "SequenceParallelHooks",
     "World",
@@ -49,6 +52,7 @@ __all__ = [
     "launched_by_torchrun",
     "leave",
     "register",
+    "run_group",
     "run_torchrun",
     "seq_to_heads",
     "sequence_parallel_backward",
