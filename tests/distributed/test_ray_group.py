@@ -71,15 +71,23 @@ def test_learner_group_lands_on_the_learner_node_as_one_process_group(cluster) -
     ]
 
 
-def test_a_failing_rank_ends_the_group_with_its_number(cluster) -> None:
+@pytest.mark.parametrize("how", ["raises", "exits"])
+def test_a_failing_rank_ends_the_group_at_once_naming_it(cluster, how: str) -> None:
     from leantrain.distributed.ray_group import run_group
 
-    def rank() -> None:
-        if os.environ["RANK"] == "1":
+    def rank(how: str) -> None:
+        if os.environ["RANK"] == "0":
+            time.sleep(600)  # as if waiting in a collective for rank 1: killed, not waited for
+        elif how == "raises":
             raise RuntimeError("rank one broke")
+        else:
+            os._exit(1)  # the process dies outright
 
-    with pytest.raises(LeantrainError, match=r"rank 1 of 2 failed: .*rank one broke"):
-        run_group(rank, (), ranks=2, resource="learner", timeout_s=60)
+    start = time.monotonic()
+    with pytest.raises(LeantrainError, match="rank 1 of 2 failed") as failed:
+        run_group(rank, (how,), ranks=2, resource="learner", timeout_s=60)
+    assert time.monotonic() - start < 60
+    assert str(failed.value).endswith("rank one broke" if how == "raises" else "its process died")
 
 
 def test_a_resource_no_node_offers_is_named_at_once(cluster) -> None:

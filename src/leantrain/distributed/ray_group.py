@@ -188,7 +188,10 @@ def _wait_all(ray: Any, refs: list[Any]) -> list[Any]:
             ray.get(done[0])
         except ray.exceptions.RayError as e:
             rank = refs.index(done[0])
-            cause = getattr(e, "cause", None) or e
-            first = (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
+            if isinstance(e, ray.exceptions.ActorDiedError):  # Ray's own account follows
+                first = "its process died"
+            else:  # the rank's exception, whose last line is its message
+                cause = getattr(e, "cause", None) or e
+                first = (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
             raise LeantrainError(f"rank {rank} of {len(refs)} failed: {first}") from e
     return ray.get(refs)
