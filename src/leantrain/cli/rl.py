@@ -24,6 +24,7 @@ from leantrain.cli.common import (
     shortcut_overrides,
     user_errors_exit_2,
 )
+from leantrain.errors import LeantrainError
 from leantrain.settings import load_settings
 
 if TYPE_CHECKING:  # rl/config.py loads torch (through generation/): only once arguments parse
@@ -78,6 +79,14 @@ def rl(
         "threads": threads,
     }
     cfg = command_settings(RLConfig, config, override, **options)
+    if cfg.distributed.ray_learner_resource is not None:
+        if nproc_per_node > 1:
+            raise LeantrainError(
+                "--nproc-per-node starts ranks on this machine; with "
+                "distributed.ray_learner_resource set, Ray places distributed.ray_learner_ranks"
+            )
+        _train_on_ray_and_report(cfg, resume=resume)
+        return
     if nproc_per_node > 1 and not launched_by_torchrun():
         argv = [] if config is None else ["--config", str(config)]
         argv += [a for name, v in options.items() if v is not None for a in (f"--{name}", str(v))]
@@ -122,11 +131,35 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
     if not run.world.is_main:  # only trains its share; rank 0 reports
         run.run()
         return
+    _announce(cfg)
+    _report(cfg, run.run())
+
+
+def _train_on_ray_and_report(cfg: RLConfig, *, resume: bool) -> None:
+    """The run with its learner ranks (and rollout workers) placed on a Ray cluster."""
+    from leantrain.rl.ray_backend import run_learner_group
+
+    quiet_libraries()
+    d = cfg.distributed
+    _announce(cfg)
+    console.print(
+        f"Ray: {d.ray_learner_ranks} learner rank(s) on nodes offering "
+        f"[bold]{d.ray_learner_resource}[/] (cluster {cfg.orchestrator.ray_address or 'local'})"
+    )
+    placed = run_learner_group(cfg, resume)
+    ranks = ", ".join(f"{p.rank}: {p.node_id[:8]} ({p.ip})" for p in placed)
+    _report(cfg, placed[0].value, {"learner ranks on nodes": ranks})
+
+
+def _announce(cfg: RLConfig) -> None:
     console.print(
         f"GRPO: model [bold]{cfg.model.name}[/], task [bold]{cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"
     )
-    summary = run.run()
+
+
+def _report(cfg: RLConfig, summary: dict[str, Any], rows: dict[str, str] | None = None) -> None:
+    """The before/after table of a finished run from its summary, plus `rows`."""
     # A generated task's test problems are new ones; a jsonl task's come from its training rows.
     measured_on = "test" if summary["eval_unseen"] else "training-row"
     table = Table(
@@ -150,6 +183,12 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
         outputs += ", events.jsonl"
     if (Path(cfg.out) / "report.html").exists():  # vision tasks: sampled images and episodes
         outputs += ", report.html"
+    for name, value in (rows or {}).items():
+        table.add_row(name, value)
+    if "rollout_nodes" in summary:  # the Ray backend: where each worker ran
+        nodes = summary["rollout_nodes"]
+        where = ", ".join(f"{w}: {n[:8]}" for w, n in nodes.items())
+        table.add_row("rollout workers on nodes", where or "none ready before the run ended")
     table.add_row("outputs", f"{cfg.out}/{outputs}")
     table.add_row("see the run", f"leantrain view {cfg.out}")
     console.print(table)

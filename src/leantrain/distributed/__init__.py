@@ -1,7 +1,8 @@
 """Scale-out on torch.distributed: joining the process group torchrun describes (with a named
 error for a missing or dead rank), FSDP2 sharding of a Hugging Face model, launching N local
-ranks, and DeepSpeed-Ulysses sequence parallelism (attention, the SFT step hooks, and the
-pieces the GRPO learner splits its packed rows with).
+ranks (torchrun) or placing them on a Ray cluster (`ray_group`, Ray imported only there), and
+DeepSpeed-Ulysses sequence parallelism (attention, the SFT step hooks, and the pieces the GRPO
+learner splits its packed rows with).
 
 Sits beside `speculation` above `training`/`generation` and below `rl`: it knows models and
 process groups, never trajectories or losses."""
@@ -18,6 +19,7 @@ from leantrain.distributed.process_group import (
     leave,
     single,
 )
+from leantrain.distributed.ray_group import Placed, run_group
 from leantrain.distributed.sequence import (
     SequenceParallelHooks,
     all_reduce_grads,
@@ -39,6 +41,7 @@ from leantrain.distributed.ulysses import (
 
 __all__ = [
     "COMM",
+    "Placed",
     "RankError",
     "SequenceParallelHooks",
     "World",
@@ -58,6 +61,7 @@ __all__ = [
     "leave",
     "packed_sequences",
     "register",
+    "run_group",
     "run_torchrun",
     "seq_to_heads",
     "sequence_group",

@@ -1,9 +1,9 @@
-"""Settings of a run spread over ranks (the number of ranks is torchrun's, not a setting; how
-they split the work is)."""
+"""Settings of a run spread over ranks (under torchrun the number of ranks is torchrun's, not a
+setting; on Ray it is `ray_learner_ranks`)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from leantrain.settings import Strict
 
@@ -31,3 +31,27 @@ class DistributedConfig(Strict):
         "activations do not fit. Must divide the number of ranks and the model's attention "
         "heads; Llama/Qwen2-style models (GQA included), text only.",
     )
+    ray_learner_resource: str | None = Field(
+        None,
+        description="Ray placement of the learner group: `leantrain rl` connects to the Ray "
+        "cluster at orchestrator.ray_address and runs the learner ranks as Ray actors on nodes "
+        "that offer this custom resource (`ray start --resources '{\"learner\": 1}'`), each "
+        "with torchrun's environment; rank 0 also generates, or drives the rollout workers. "
+        "Any amount marks a node (on GPUs each rank also takes one GPU). None: ranks run here, "
+        "under torchrun. A resource no node offers is refused at once.",
+    )
+    ray_learner_ranks: int = Field(
+        1,
+        ge=1,
+        description="Learner ranks placed by distributed.ray_learner_resource, packed onto as "
+        "few of its nodes as fit (data-parallel with FSDP2 above one, like --nproc-per-node).",
+    )
+
+    @model_validator(mode="after")
+    def _ranks_need_the_resource(self) -> DistributedConfig:
+        if self.ray_learner_ranks > 1 and self.ray_learner_resource is None:
+            raise ValueError(
+                f"ray_learner_ranks {self.ray_learner_ranks} places ranks on Ray: it needs "
+                "ray_learner_resource (on this machine alone use --nproc-per-node)"
+            )
+        return self

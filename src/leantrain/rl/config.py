@@ -105,7 +105,17 @@ class OrchestratorConfig(Strict):
         "actors, weights through the object store.",
     )
     ray_address: str | None = Field(
-        None, description="Ray cluster address; None starts a local Ray on this machine."
+        None,
+        description="Ray cluster address (`auto`: the cluster this node joined with `ray "
+        "start`); None starts a local Ray on this machine. Also the cluster of the learner "
+        "group when distributed.ray_learner_resource is set.",
+    )
+    ray_rollout_resource: str | None = Field(
+        None,
+        description="backend ray: place the rollout worker actors only on nodes that offer this "
+        "custom Ray resource (`ray start --resources '{\"rollout\": 1}'`); any amount marks a "
+        "node, so one node takes any number of workers. None: anywhere in the cluster. A "
+        "resource no node offers is refused when the run starts.",
     )
     rollout_workers: int = Field(
         1,
@@ -146,6 +156,15 @@ class OrchestratorConfig(Strict):
     max_restarts: int = Field(
         3, ge=0, description="Rollout workers replaced after a crash or stall before giving up."
     )
+
+    @model_validator(mode="after")
+    def _rollout_resource_on_ray(self) -> OrchestratorConfig:
+        if self.ray_rollout_resource is not None and self.backend != "ray":
+            raise ValueError(
+                "ray_rollout_resource places Ray actors: it needs backend: ray "
+                f"(got {self.backend!r})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _partial_on_the_local_backend(self) -> OrchestratorConfig:

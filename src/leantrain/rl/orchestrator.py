@@ -525,4 +525,6 @@ class Orchestrator:
             else 0.0,
             "worker_restarts": self.dispatcher.restarts,
             "duplicates_rejected": self.buffer.duplicates,
+            # ray: worker name -> the Ray node it ran on (where `ray_rollout_resource` put it)
+            **({"rollout_nodes": dict(self.pool.nodes)} if self.cfg.backend == "ray" else {}),
         }

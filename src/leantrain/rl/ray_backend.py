@@ -1,10 +1,16 @@
-"""The Ray backend of asynchronous RL: each rollout worker is a Ray actor (its own process, so no
-GIL is shared with the trainer), and weights are published once per step into the object store
-with their version; a worker fetches a version only when it does not hold it already.
+"""Ray in RL: the Ray backend of asynchronous RL, and the learner group placed on a Ray cluster.
+
+Each rollout worker is a Ray actor (its own process, so no GIL is shared with the trainer), and
+weights are published once per step into the object store with their version; a worker fetches a
+version only when it does not hold it already. `run_learner_group` runs the whole GRPO run as a
+group of learner-rank actors (distributed/ray_group.py) on the nodes offering
+`distributed.ray_learner_resource`; rank 0's run then starts its rollout workers from there.
 
 Knows nothing about scheduling (rl/orchestrator.py does that). `ray.init` starts a local Ray on
 this machine unless `orchestrator.ray_address` names a cluster; a Ray already initialised by the
-caller is used as it is. Every call on an actor is a Future the dispatcher waits on with its
+caller (or the learner actor this runs in) is used as it is. With
+`orchestrator.ray_rollout_resource` the actors go only to nodes that offer that custom resource
+(`ray start --resources`). Every call on an actor is a Future the dispatcher waits on with its
 timeout; a dead actor (its process gone) surfaces as that Future's exception, and a stalled
 one is killed with `ray.kill` and replaced.
 """
@@ -12,11 +18,19 @@ one is killed with `ray.kill` and replaced.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from leantrain.distributed.ray_group import (
+    SHARE,
+    Placed,
+    check_resource,
+    connect,
+    import_ray,
+    run_group,
+)
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import Published
 from leantrain.rl.config import RLConfig
@@ -31,8 +45,12 @@ class _Actor:
         self.worker = RolloutWorker(config, name, faults)
         self.timeout_s = config.orchestrator.timeout_s
 
-    def ping(self) -> None:
-        """Answers once the actor is constructed (its model loaded)."""
+    def ping(self) -> str:
+        """Answers, with the id of the Ray node it runs on, once the actor is constructed (its
+        model loaded)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def generate(self, index: int, attempt: int, version: int, weights: list[Any]) -> Any:
         import ray
@@ -49,34 +67,33 @@ class RayBackend:
     """Rollout workers as Ray actors; see `orchestrator.WorkerPool` for the interface."""
 
     def __init__(self, config: RLConfig, faults: FaultPlan | None) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise LeantrainError(
-                "orchestrator.backend ray needs Ray: pip install 'ray>=2.9'"
-            ) from None
-        self.ray = ray
+        import_ray("orchestrator.backend ray")
+        o = config.orchestrator
+        self.ray = ray = connect(o.ray_address)
         self.config = config
         self.faults = faults
-        self.workers = config.orchestrator.rollout_workers
-        o = config.orchestrator
+        self.workers = o.rollout_workers
         self.threads = o.rollout_threads or 1
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, single-user Ray
-            if o.ray_address is None:
-                ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=o.ray_address, log_to_driver=False)
-        self._remote = ray.remote(num_cpus=0)(_Actor)
+        resources = None
+        if o.ray_rollout_resource is not None:
+            check_resource(ray, o.ray_rollout_resource, "orchestrator.ray_rollout_resource")
+            resources = {o.ray_rollout_resource: SHARE}
+        self._remote = ray.remote(num_cpus=0, resources=resources)(_Actor)
         self._actors: list[Any] = [None] * self.workers
         self._started: list[cf.Future | None] = [None] * self.workers
+        self.nodes: dict[str, str] = {}  # worker name -> the id of the Ray node it ran on
         self._generation = 0
 
     def start(self, slot: int) -> None:
         self._generation += 1
         name = f"ray-worker-{slot}.{self._generation}"
         self._actors[slot] = self._remote.remote(self.config, name, self.threads, self.faults)
-        self._started[slot] = self._actors[slot].ping.remote().future()
+        self._started[slot] = started = self._actors[slot].ping.remote().future()
+        started.add_done_callback(lambda f: self._placed(name, f))
+
+    def _placed(self, name: str, started: cf.Future) -> None:
+        if not started.cancelled() and started.exception() is None:
+            self.nodes[name] = started.result()
 
     def ready(self, slot: int) -> bool:
         started = self._started[slot]
@@ -98,3 +115,59 @@ class RayBackend:
     def shutdown(self) -> None:
         for slot in range(self.workers):
             self.abandon(slot)
+
+
+# ------------------------------------------------------------------ the learner group on Ray
+def train_rank(config: RLConfig, resume: bool) -> dict[str, Any]:
+    """One learner rank of a GRPO run (torchrun's environment already set): rank 0's summary,
+    {} on the other ranks."""
+    from leantrain.rl.grpo import GRPORun  # grpo imports the orchestrator, which imports this
+
+    return GRPORun(config, progress=False, resume=resume).run()
+
+
+def run_learner_group(config: RLConfig, resume: bool = False) -> list[Placed]:
+    """Run `config` with its learner ranks placed on the Ray cluster by
+    `distributed.ray_learner_resource` (and, in async mode on the ray backend, its rollout
+    workers by `orchestrator.ray_rollout_resource`); returns each rank's placement, rank 0's
+    value being the run summary. Disconnects from Ray at the end if it connected."""
+    d, o = config.distributed, config.orchestrator
+    if d.ray_learner_resource is None:
+        raise LeantrainError("run_learner_group needs distributed.ray_learner_resource")
+    if d.ray_learner_ranks > 1 and (o.mode != "sync" or config.speculative.enabled):
+        # GRPORun refuses async and speculation on more than one rank (rank 0 would drive the
+        # rollout workers while the others wait in collectives): not wired yet.
+        raise NotImplementedError(
+            f"distributed.ray_learner_ranks {d.ray_learner_ranks} with orchestrator.mode "
+            f"{o.mode!r}"
+            + (" and speculative.enabled" if config.speculative.enabled else "")
+            + " is not wired yet (issue 24): more than one learner rank runs mode sync only; "
+            "use ray_learner_ranks 1 to place async rollout workers beside one learner"
+        )
+    ray = import_ray("distributed.ray_learner_resource")
+    connected = ray.is_initialized()
+    connect(o.ray_address)
+    try:
+        # The ranks may run in another working directory, or on another node: rank 0 writes
+        # the run folder at this absolute path on its node.
+        config = config.model_copy(update={"out": Path(config.out).resolve()})
+        return run_group(
+            train_rank,
+            (config, resume),
+            ranks=d.ray_learner_ranks,
+            resource=d.ray_learner_resource,
+            timeout_s=d.timeout_s,
+            gpus_per_rank=_gpus_per_rank(ray, config.device, d.ray_learner_resource),
+        )
+    finally:
+        if not connected:
+            ray.shutdown()
+
+
+def _gpus_per_rank(ray: Any, device: str, resource: str) -> int:
+    """1 when the ranks train on CUDA (`device: cuda`, or `auto` with a GPU on a node that
+    offers the learner resource), else 0."""
+    if device != "auto":
+        return int(device == "cuda")
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return int(any(r.get(resource, 0) > 0 and r.get("GPU", 0) > 0 for r in nodes))
