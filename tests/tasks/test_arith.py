@@ -45,3 +45,38 @@ def test_solution_lengths_are_heavy_tailed() -> None:
     assert stats["p99"] > 3 * stats["p50"]
     # The cap on the list length bounds the tail: 31 steps of at most "288+9=297\n".
     assert stats["max"] <= 31 * 10 + len("answer: 288")
+
+
+CHAT = ArithTask(style="chat", min_items=2, max_items=3)
+CHAT_EXAMPLE = Example(prompt="What is 3 + 5 + 2? Reply with only the number.", answer="10")
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("10", {"format": 1.0, "answer": 1.0}),
+        (" 10.\n", {"format": 1.0, "answer": 1.0}),
+        ("3 + 5 + 2 = 10", {"format": 0.0, "answer": 1.0}),  # explained: answer only
+        ("The answer is 10.", {"format": 0.0, "answer": 1.0}),
+        ("3 + 5 + 2 = 10\n\nThis is 4 more than 6.", {"format": 0.0, "answer": 0.0}),  # last
+        ("11", {"format": 1.0, "answer": 0.0}),
+        ("-10", {"format": 1.0, "answer": 0.0}),
+        ("ten", {"format": 0.0, "answer": 0.0}),
+        ("", {"format": 0.0, "answer": 0.0}),
+    ],
+)
+def test_chat_score(response: str, expected: dict[str, float]) -> None:
+    assert CHAT.score(CHAT_EXAMPLE, response) == expected
+
+
+def test_chat_prompts_ask_the_same_sums() -> None:
+    """The chat style draws the same numbers as the worked style from the same seed, asks them
+    as a question, and its solution (the number alone) scores full marks."""
+    worked = ArithTask(min_items=2, max_items=3).examples(300, seed=0)
+    chat = CHAT.examples(300, seed=0)
+    for w, c in zip(worked, chat, strict=True):
+        numbers = [int(x) for x in w.prompt.split()[1:]]
+        assert c.prompt == f"What is {' + '.join(map(str, numbers))}? Reply with only the number."
+        assert c.answer == w.answer == str(sum(numbers))
+        assert CHAT.score(c, c.solution or "") == {"format": 1.0, "answer": 1.0}
+    assert {len(c.prompt.split("+")) for c in chat} == {2, 3}
