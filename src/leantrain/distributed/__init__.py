@@ -1,10 +1,12 @@
 """Scale-out on torch.distributed: joining the process group torchrun describes (with a named
 error for a missing or dead rank), FSDP2 sharding of a Hugging Face model, launching N local
-ranks, and DeepSpeed-Ulysses sequence parallelism (attention and the SFT step hooks).
+ranks, data-parallel SFT step hooks, and DeepSpeed-Ulysses sequence parallelism (attention and
+the SFT step hooks).
 
 Sits beside `speculation` above `training`/`generation` and below `rl`: it knows models and
 process groups, never trajectories or losses."""
 
+from leantrain.distributed.data_parallel import DataParallelHooks, data_parallel_backward
 from leantrain.distributed.fsdp import balanced_split, decoder_layers, full_state_dict, shard
 from leantrain.distributed.launch import free_port, run_torchrun, torchrun_command
 from leantrain.distributed.process_group import (
@@ -33,6 +35,7 @@ from leantrain.distributed.ulysses import (
 
 __all__ = [
     "COMM",
+    "DataParallelHooks",
     "RankError",
     "SequenceParallelHooks",
     "World",
@@ -41,6 +44,7 @@ __all__ = [
     "broadcast",
     "check_heads",
     "collective",
+    "data_parallel_backward",
     "decoder_layers",
     "free_port",
     "full_state_dict",

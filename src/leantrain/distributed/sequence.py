@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.distributed import ulysses
 from leantrain.models.finetune import IGNORE
+
+T = TypeVar("T")
 
 
 def shard_batch(
@@ -106,16 +109,23 @@ class SequenceParallelHooks:
         self.previous = model.config._attn_implementation
         model.set_attn_implementation(ulysses.register(self.group))
 
+    def share(self, pairs: Sequence[T]) -> list[T]:
+        """Every rank trains on the whole batch (each on its part of every sequence)."""
+        return list(pairs)
+
     def backward(
         self, model: PreTrainedModel, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> float:
         return sequence_parallel_backward(model, chunks, self.pad_id, self.group)
 
+    def gather(self, model: PreTrainedModel) -> None:
+        """Every rank already holds the full weights."""
+
     @contextlib.contextmanager
-    def single_process(self, model: PreTrainedModel) -> Iterator[None]:
-        """The model's own attention while inside (evaluation on one rank)."""
+    def single_process(self, model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+        """`model` with its own attention while inside (evaluation on one rank)."""
         model.set_attn_implementation(self.previous)
         try:
-            yield
+            yield model
         finally:
             model.set_attn_implementation(ulysses.ATTENTION_NAME)
