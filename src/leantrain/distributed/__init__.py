@@ -1,12 +1,13 @@
 """Scale-out on torch.distributed: joining the process group torchrun describes (with a named
 error for a missing or dead rank), FSDP2 sharding of a Hugging Face model, launching N local
-ranks (torchrun) or placing them on a Ray cluster (`ray_group`, Ray imported only there), and
-DeepSpeed-Ulysses sequence parallelism (attention, the SFT step hooks, and the pieces the GRPO
-learner splits its packed rows with).
+ranks (torchrun) or placing them on a Ray cluster (`ray_group`, Ray imported only there),
+data-parallel SFT step hooks, and DeepSpeed-Ulysses sequence parallelism (attention, the SFT step
+hooks, and the pieces the GRPO learner splits its packed rows with).
 
 Sits beside `speculation` above `training`/`generation` and below `rl`: it knows models and
 process groups, never trajectories or losses."""
 
+from leantrain.distributed.data_parallel import DataParallelHooks, data_parallel_backward
 from leantrain.distributed.fsdp import balanced_split, decoder_layers, full_state_dict, shard
 from leantrain.distributed.launch import free_port, run_torchrun, torchrun_command
 from leantrain.distributed.process_group import (
@@ -41,6 +42,7 @@ from leantrain.distributed.ulysses import (
 
 __all__ = [
     "COMM",
+    "DataParallelHooks",
     "Placed",
     "RankError",
     "SequenceParallelHooks",
@@ -51,6 +53,7 @@ __all__ = [
     "check_heads",
     "check_ranks",
     "collective",
+    "data_parallel_backward",
     "decoder_layers",
     "free_port",
     "full_state_dict",

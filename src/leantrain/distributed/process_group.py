@@ -84,7 +84,7 @@ def join(device: torch.device, timeout_s: float) -> World:
             f"a distributed run needs torchrun's environment; {', '.join(missing)} not set "
             "(launch with `leantrain rl --nproc-per-node N` or `torchrun -m leantrain rl`)"
         )
-    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, size = _rank_and_size()
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -103,6 +103,23 @@ def join(device: torch.device, timeout_s: float) -> World:
             # Every rank has arrived only once a first collective completes.
             dist.barrier()
     return world
+
+
+def _rank_and_size() -> tuple[int, int]:
+    """RANK and WORLD_SIZE from the environment; a LeantrainError names a bad one."""
+    values = {}
+    for key in ("RANK", "WORLD_SIZE"):
+        try:
+            values[key] = int(os.environ[key])
+        except ValueError:
+            raise LeantrainError(f"{key}={os.environ[key]!r} is not an integer") from None
+    rank, size = values["RANK"], values["WORLD_SIZE"]
+    if size < 1 or not 0 <= rank < size:
+        raise LeantrainError(
+            f"RANK={rank} with WORLD_SIZE={size}: a rank must be 0..WORLD_SIZE-1 and "
+            "WORLD_SIZE at least 1"
+        )
+    return rank, size
 
 
 def broadcast(world: World, obj: T) -> T:

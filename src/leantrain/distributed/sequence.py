@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Iterator, Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,8 @@ from leantrain.distributed import ulysses
 from leantrain.distributed.process_group import World
 from leantrain.errors import LeantrainError
 from leantrain.models.finetune import IGNORE
+
+T = TypeVar("T")
 
 
 def shard_batch(
@@ -179,16 +182,23 @@ class SequenceParallelHooks:
         self.previous = model.config._attn_implementation
         model.set_attn_implementation(ulysses.register(self.group))
 
+    def share(self, pairs: Sequence[T]) -> list[T]:
+        """Every rank trains on the whole batch (each on its part of every sequence)."""
+        return list(pairs)
+
     def backward(
         self, model: PreTrainedModel, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]
     ) -> float:
         return sequence_parallel_backward(model, chunks, self.pad_id, self.group)
 
+    def gather(self, model: PreTrainedModel) -> None:
+        """Every rank already holds the full weights."""
+
     @contextlib.contextmanager
-    def single_process(self, model: PreTrainedModel) -> Iterator[None]:
-        """The model's own attention while inside (evaluation on one rank)."""
+    def single_process(self, model: PreTrainedModel) -> Iterator[PreTrainedModel]:
+        """`model` with its own attention while inside (evaluation on one rank)."""
         model.set_attn_implementation(self.previous)
         try:
-            yield
+            yield model
         finally:
             model.set_attn_implementation(ulysses.ATTENTION_NAME)

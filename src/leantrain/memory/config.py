@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from leantrain.distributed.config import DistributedConfig
 from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings, ModelConfig
 from leantrain.settings import Strict
 from leantrain.telemetry.config import TelemetryConfig
@@ -83,4 +84,9 @@ class TuneConfig(Strict):
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig,
         description="Trackers to report to (TensorBoard, W&B, MLflow, trackio).",
+    )
+    distributed: DistributedConfig = Field(
+        default_factory=DistributedConfig,
+        description="How ranks wait for each other under `--nproc-per-node` or "
+        "`--sequence-parallel` (the number of ranks is torchrun's).",
     )

@@ -12,10 +12,13 @@ summary.json and completions.jsonl.
     from leantrain.memory.sft import SFTRun
     summary = SFTRun(TuneConfig(method="lars", steps=100)).run()
 
-Knows nothing about how several processes split a sequence: a sequence-parallel launcher passes
-a `StepHooks` object (its backward shards the batch and reduces gradients; only the main rank
-evaluates and writes), which is how `leantrain tune --sequence-parallel P` composes this loop
-with `leantrain.distributed` without the two packages importing each other.
+Knows nothing about how several processes split the work: a multi-process launcher passes a
+`StepHooks` object (which rows of each batch this rank trains on, its backward with whatever
+communication that needs, how the trained weights reach the main rank; only the main rank
+evaluates and writes). That is how
+`leantrain tune --nproc-per-node N` (data parallel, `distributed.DataParallelHooks`) and
+`--sequence-parallel P` (Ulysses, `distributed.SequenceParallelHooks`) compose this loop with
+`leantrain.distributed`.
 """
 
 from __future__ import annotations
@@ -52,25 +55,33 @@ _EVAL_SEED_OFFSET = 1_000_003
 
 
 class StepHooks:
-    """How one step's backward runs and who writes: the single-process default. A
-    sequence-parallel launcher passes an object with the same members
-    (`leantrain.distributed.SequenceParallelHooks`)."""
+    """How one step's batch is shared and backpropagated, and who writes: the single-process
+    default. A multi-process launcher passes an object with the same members
+    (`leantrain.distributed.DataParallelHooks`, `SequenceParallelHooks`)."""
 
     is_main: bool = True
 
     def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        """Called once the model is set up, before the optimizer is built."""
+        """Called once the model is set up, before the optimizer is built (it may shard it)."""
+
+    def share(self, pairs: Sequence[Pair]) -> list[Pair]:
+        """The rows of the step's batch this process trains on: all of them."""
+        return list(pairs)
 
     def backward(
         self, model: PreTrainedModel, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]]
-    ) -> float:
-        """Token-weighted backward over `chunks`; returns the mean loss."""
+    ) -> float | tuple[float, dict[str, float]]:
+        """Token-weighted backward over `chunks`; returns the whole step's mean loss (and,
+        optionally, numbers to log that replace this process's own)."""
         return backward_token_mean(model, chunks)
 
+    def gather(self, model: PreTrainedModel) -> None:
+        """Called by every process once training ends, before the main one evaluates."""
+
     @contextlib.contextmanager
-    def single_process(self, model: PreTrainedModel) -> Iterator[None]:
-        """Context in which `model` runs as a plain single-process model (for evaluation)."""
-        yield
+    def single_process(self, model: PreTrainedModel) -> Iterator[torch.nn.Module]:
+        """The trained model as a plain single-process model (for evaluation): `model`."""
+        yield model
 
 
 def load_pairs_jsonl(path: Path) -> list[dict[str, str]]:
@@ -209,10 +220,13 @@ class SFTRun:
         return self.loop.steps
 
     def _backward(self) -> tuple[float, dict[str, float]]:
-        """The next batch's token-weighted backward (through the hooks); its loss and size."""
-        chunks = completion_chunks(self._batch(), self.tokenizer.pad_token_id, self.config.chunks)
-        loss = self.hooks.backward(self.model, chunks)
-        return loss, {"tokens": sum(int(ids.numel()) for ids, _ in chunks)}
+        """The next batch's token-weighted backward (through the hooks: this process's share of
+        the batch); its loss and size in padded tokens."""
+        pairs = self.hooks.share(self._batch())
+        chunks = completion_chunks(pairs, self.tokenizer.pad_token_id, self.config.chunks)
+        out = self.hooks.backward(self.model, chunks)
+        loss, extra = out if isinstance(out, tuple) else (out, {})
+        return loss, {"tokens": sum(int(ids.numel()) for ids, _ in chunks), **extra}
 
     def _log_step(self, stats: StepStats) -> None:
         self.metrics.write(stats.record())
@@ -230,13 +244,13 @@ class SFTRun:
         params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=0.0)
         prompts = [encode_prompt(self.tokenizer, ex.prompt) for ex in self.heldout]
         labels = getattr(self.task, "labels", None)
-        with self.hooks.single_process(self.model):
+        with self.hooks.single_process(self.model) as model:
             generated = prompts if labels is None else prompts[:keep]
-            completions = Engine(self.model, self.tokenizer, max_batch_size=64).generate(
+            completions = Engine(model, self.tokenizer, max_batch_size=64).generate(
                 generated, params
             )
             if labels is not None:
-                predicted = self._classify(prompts, labels)
+                predicted = self._classify(prompts, labels, model)
         texts = [
             self.tokenizer.decode(c.response_ids, skip_special_tokens=True) for c in completions
         ]
@@ -258,8 +272,15 @@ class SFTRun:
         return float(sum(right)) / len(self.heldout), kept
 
     @torch.no_grad()
-    def _classify(self, prompts: list[list[int]], labels: Sequence[str]) -> list[str]:
-        """The most likely label (sum of its token logprobs, EOS included) for each prompt."""
+    def _classify(
+        self,
+        prompts: list[list[int]],
+        labels: Sequence[str],
+        model: torch.nn.Module | None = None,
+    ) -> list[str]:
+        """The most likely label (sum of its token logprobs, EOS included) for each prompt,
+        under `model` (default: the trained model)."""
+        model = self.model if model is None else model
         scores = []
         for label in labels:
             completion = [
@@ -272,7 +293,7 @@ class SFTRun:
             targets = torch.tensor(
                 [[IGNORE] * len(p) + completion + [IGNORE] * (width - len(p)) for p in prompts]
             )
-            scores.append(label_logprobs(self.model, ids, targets)[0])
+            scores.append(label_logprobs(model, ids, targets)[0])
         best = torch.stack(scores).argmax(0)
         return [labels[int(i)] for i in best]
 
@@ -291,6 +312,7 @@ class SFTRun:
             on_step=self._log_step if self.hooks.is_main else None,
         )
         seconds = time.perf_counter() - start
+        self.hooks.gather(self.model)  # every process: the main one evaluates what was trained
         summary: dict[str, Any] = {
             "steps": self.step,
             "method": cfg.method,

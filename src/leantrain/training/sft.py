@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from leantrain.training.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from leantrain.training.threads import follow_share
@@ -120,7 +121,10 @@ class SFTLoop:
             group["lr"] = lr
         out = backward()
         loss, extra = out if isinstance(out, tuple) else (out, {})
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if isinstance(grad_norm, DTensor):  # FSDP-sharded: the norm over every rank's shard
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
