@@ -81,8 +81,8 @@ def zo(
     quiet_libraries()
     run = ZORun(cfg)
     console.print(
-        f"ZO ({cfg.zo.estimator}, {cfg.zo.target}, engine {cfg.zo.engine}, scored on "
-        f"{cfg.zo.backend}): model "
+        f"ZO ({cfg.zo.estimator}, {cfg.zo.target}, engine {cfg.zo.engine}"
+        f"{', scored on vllm' if cfg.zo.backend == 'vllm' else ''}): model "
         f"[bold]{cfg.model.name}[/], data [bold]{cfg.data or cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"
     )

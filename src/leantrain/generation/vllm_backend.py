@@ -36,6 +36,12 @@ The only module that imports vllm, and only inside functions, so the package imp
   request, under the new id. The frozen base weights never move; the previous adapter's folder
   is removed (and vLLM drops the old id). Before the first publish requests run on the base.
 
+- Scoring (`score_labels`, what ZO on vLLM runs): the logprobs of given label tokens under one
+  or many LoRA states at once, from vLLM's prompt logprobs (plain `log_softmax(logits)` at
+  temperature 1), the states as adapters batched in one `generate` call (`max_loras` of them).
+  The engine wraps only the adapter's modules with LoRA layers (`lora_target_modules`): vLLM's
+  LoRA logits processor on `lm_head` cannot compute prompt logprobs.
+
 In process, not in a child: `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core and its
 one worker in this process. On CPU that starts in about 6 s instead of about 60 s (two child
 processes each import vllm and torch), and weights reach the model without serialisation. The

@@ -14,6 +14,10 @@ together: S states x the batch in ONE forward over the frozen base (stacked adap
 all parameters as targets the states cannot share a forward (each is a full copy of the weights),
 so they are scored one after another, moving the weights in place between them.
 
+With a `scorer` (`scoring.VLLMScorer`, `zo.backend: vllm`) the states are scored on vLLM
+instead: the adapter snapshots go to it as S batched LoRA adapters, or (all parameters) the
+weights are published per state; everything else in a step stays here.
+
 Same seeds, same moves and same update rule as `reference.MeZOReference`, so the two walk the
 same loss trajectory; only the machinery differs (and the loss's float summation order).
 
