@@ -26,8 +26,16 @@ accuracy.
     python benchmarks/zo_engine.py            # 200 steps per side and target, AdamW, smollm2
     python benchmarks/zo_engine.py --quick    # under two minutes on 2 idle CPU cores
 
-Writes benchmarks/results/zo_engine.json: `speedup` (LoRA target), `peak_mem_ratio_vs_inference`
-(ours, LoRA target), `same_losses` (both targets), and details.
+With vLLM installed (`make vllm`), a full run (or `--vllm`, also with --quick) adds a third
+side on the LoRA target: our engine with its states scored on an in-process vLLM engine
+(`zo.backend: vllm`), the paper's setting: `speedup_vllm_vs_mezo` (steps/s against MeZO's loop)
+and, under `vllm`, against our engine and the losses against the reference.
+
+    python benchmarks/zo_engine.py --quick --vllm --out /tmp/zo_engine.json
+
+Writes benchmarks/results/zo_engine.json (or --out): `speedup` (LoRA target),
+`peak_mem_ratio_vs_inference` (ours, LoRA target), `same_losses` (both targets), with vLLM
+`speedup_vllm_vs_mezo`, and details.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +64,7 @@ from leantrain.zo.estimators import SPSA
 from leantrain.zo.lora import add_lora, lora_factors
 from leantrain.zo.packed import LeanLlama, PrefixTree
 from leantrain.zo.reference import MeZOReference
+from leantrain.zo.scoring import VLLMScorer, make_scorer
 
 RESULTS = Path(__file__).parent / "results" / "zo_engine.json"
 # MeZO's settings: eps 1e-3 for full parameters, 1e-2 with LoRA (lr scaled to the tiny model).
@@ -106,11 +116,17 @@ def build(base: PreTrainedModel, target: str, seed: int) -> PreTrainedModel:
     return model.requires_grad_(True)
 
 
-def make_stepper(kind: str, model: PreTrainedModel, target: str, pad: int, seed: int):
+def make_stepper(
+    kind: str, model: PreTrainedModel, target: str, pad: int, seed: int, backend: Any = None
+):
+    """`reference`: MeZO's loop; `ours`: our engine; `vllm`: our engine scoring on `backend`."""
     s = SETTINGS[target]
     if kind == "reference":
         return MeZOReference(model, s["eps"], s["lr"], seed, pad)
-    return ZOEngine(model, SPSA(s["eps"]), s["lr"], seed, pad, batched=target == "lora")
+    scorer = VLLMScorer(backend, model) if kind == "vllm" else None
+    return ZOEngine(
+        model, SPSA(s["eps"]), s["lr"], seed, pad, batched=target == "lora", scorer=scorer
+    )
 
 
 def race(
@@ -121,12 +137,16 @@ def race(
     steps: int,
     batch_size: int,
     seed: int,
+    kinds: tuple[str, ...] = ("reference", "ours"),
+    backend: Any = None,
 ) -> dict[str, Any]:
-    """Both sides for `steps` alternating steps on the same batches; times, losses, models."""
+    """The sides `kinds` for `steps` alternating steps on the same batches; times, losses,
+    models (`backend`: the vLLM engine of the `vllm` side)."""
     sides = {}
-    for kind in ("reference", "ours"):
+    for kind in kinds:
         model = build(base, target, seed)
-        sides[kind] = {"model": model, "stepper": make_stepper(kind, model, target, pad, seed)}
+        stepper = make_stepper(kind, model, target, pad, seed, backend)
+        sides[kind] = {"model": model, "stepper": stepper}
         sides[kind].update(times=[], cpu_times=[], losses=[])
     for step in range(steps):
         batch = sample_batch(train, batch_size, seed * 100_003 + step)
@@ -284,6 +304,45 @@ def smollm2(steps: int, batch_size: int, eval_size: int, seed: int) -> dict[str,
     }
 
 
+def vllm_row(
+    base: PreTrainedModel, pad: int, train: list[Pair], steps: int, batch_size: int, seed: int
+) -> dict[str, Any]:
+    """LoRA target, three sides in alternating steps: MeZO's loop, our engine, and our engine
+    scoring its states on an in-process vLLM engine (`zo.backend: vllm`: the S = 2 adapter
+    states of a step in one `generate` call). Same seeds and batches; fp32 on every side."""
+    scorer = make_scorer(
+        "vllm",
+        model=build(base, "lora", seed),  # only its adapter config and factor names are read
+        folder=Path(str(base.name_or_path)),
+        states=2,
+        out=Path(tempfile.mkdtemp(prefix="zo-vllm-")),
+        dtype="float32",
+        seed=seed,
+        kv_cache_gib=1,
+        max_model_len=512,
+    )
+    sides = race(
+        base, pad, train, "lora", steps, batch_size, seed, ("reference", "ours", "vllm"),
+        scorer.backend,
+    )  # fmt: skip
+    steps_per_s = {kind: 1 / statistics.median(side["times"]) for kind, side in sides.items()}
+    flat = {kind: [x for step in side["losses"] for x in step] for kind, side in sides.items()}
+    rel = max(abs(a - b) / abs(a) for a, b in zip(flat["reference"], flat["vllm"], strict=True))
+    return {
+        "steps": steps,
+        "reference_steps_per_s": steps_per_s["reference"],
+        "ours_steps_per_s": steps_per_s["ours"],
+        "vllm_steps_per_s": steps_per_s["vllm"],
+        "speedup_vllm_vs_mezo": steps_per_s["vllm"] / steps_per_s["reference"],
+        "speedup_vllm_vs_ours": steps_per_s["vllm"] / steps_per_s["ours"],
+        "speedup_vllm_vs_mezo_cpu_time": statistics.median(sides["reference"]["cpu_times"])
+        / statistics.median(sides["vllm"]["cpu_times"]),
+        "max_rel_loss_diff_vs_reference": rel,
+        "same_losses": rel <= SAME_LOSS_RTOL,
+        "vllm_losses": [step[0] for step in sides["vllm"]["losses"]],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (< 120 s on 2 cores)")
@@ -296,7 +355,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--vllm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also race our engine scoring on vLLM (zo.backend: vllm; LoRA target); default: "
+        "on in a full run when vllm is installed, off with --quick",
+    )
+    parser.add_argument("--vllm-steps", type=int, default=None, help="default: --steps")
+    parser.add_argument(
+        "--vllm-model", default="tiny", help="model of the vLLM race (e.g. smollm2-135m)"
+    )
     args = parser.parse_args()
+    if args.vllm is None:
+        from leantrain.generation.vllm_backend import vllm_available
+
+        args.vllm = not args.quick and vllm_available()
     if args.quick:
         args.steps, args.eval_size, args.adamw_steps, args.smollm2_steps = 12, 100, 12, 0
     torch.set_num_threads(args.threads)
@@ -352,6 +426,16 @@ def main() -> None:
     first_order = adamw(
         base, tokenizer, train, heldout, task.labels, args.adamw_steps, args.batch_size, args.seed
     )
+    on_vllm = None
+    if args.vllm:
+        model, vpad, vtrain = base, pad, train
+        if args.vllm_model != "tiny":  # its own copy of the model, and the task in its tokens
+            model, vtok = load_model(args.vllm_model, device=args.device)
+            vpad, vtrain = vtok.pad_token_id, example_pairs(vtok, task.examples(512, args.seed))
+        on_vllm = vllm_row(
+            model, vpad, vtrain, args.vllm_steps or args.steps, args.batch_size, args.seed
+        )
+        on_vllm["model"] = args.vllm_model
     smol = None
     if args.smollm2_steps:
         smol = smollm2(args.smollm2_steps, args.batch_size, args.eval_size, args.seed)
@@ -402,6 +486,16 @@ def main() -> None:
         f"AdamW (first order, all parameters): {first_order['peak_bytes'] * mib:.1f} MiB peak, "
         f"accuracy {first_order['accuracy']:.1%} after {first_order['steps']} steps"
     )
+    if on_vllm:
+        console.print(
+            f"LoRA ZO scored on vLLM ({on_vllm['model']}, {on_vllm['steps']} steps): "
+            f"{on_vllm['vllm_steps_per_s']:.2f} steps/s, "
+            f"{on_vllm['speedup_vllm_vs_mezo']:.2f}x MeZO's loop "
+            f"({on_vllm['reference_steps_per_s']:.2f}), "
+            f"{on_vllm['speedup_vllm_vs_ours']:.2f}x our engine "
+            f"({on_vllm['ours_steps_per_s']:.2f}); max rel loss diff "
+            f"{on_vllm['max_rel_loss_diff_vs_reference']:.1e}"
+        )
     if smol:
         console.print(
             f"smollm2-135m LoRA-ZO, {smol['steps']} steps: accuracy "
@@ -416,6 +510,8 @@ def main() -> None:
         "packing": packing,
         "adamw": first_order,
         "smollm2_135m": smol,
+        **({"speedup_vllm_vs_mezo": on_vllm["speedup_vllm_vs_mezo"]} if on_vllm else {}),
+        "vllm": on_vllm,
         "config": {
             "model": "tiny",
             "parameters": sum(p.numel() for p in base.parameters()),

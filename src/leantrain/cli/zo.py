@@ -46,6 +46,14 @@ def zo(
             help="Your JSONL: {prompt, completion} or {text} per line; replaces the config's task.",
         ),
     ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="Where the perturbed states are scored (zo.backend): native (our engine) or "
+            "vllm (an in-process vLLM engine; `make vllm`). Seeds and updates stay ours.",
+        ),
+    ] = None,
     threads: ThreadsOpt = None,
 ) -> None:
     """Fine-tune with forward passes only (MeZO/SPSA); writes metrics, plot, summary and the
@@ -53,6 +61,8 @@ def zo(
     claim_threads(threads)
     from leantrain.zo.config import ZOConfig
 
+    if backend is not None:  # before the -o overrides, which have the last word
+        override = [f"zo.backend={backend}", *(override or [])]
     cfg = command_settings(
         ZOConfig,
         config,
@@ -71,7 +81,8 @@ def zo(
     quiet_libraries()
     run = ZORun(cfg)
     console.print(
-        f"ZO ({cfg.zo.estimator}, {cfg.zo.target}, engine {cfg.zo.engine}): model "
+        f"ZO ({cfg.zo.estimator}, {cfg.zo.target}, engine {cfg.zo.engine}"
+        f"{', scored on vllm' if cfg.zo.backend == 'vllm' else ''}): model "
         f"[bold]{cfg.model.name}[/], data [bold]{cfg.data or cfg.task.name}[/], "
         f"{cfg.steps} steps, out {cfg.out}"
     )

@@ -36,6 +36,12 @@ The only module that imports vllm, and only inside functions, so the package imp
   request, under the new id. The frozen base weights never move; the previous adapter's folder
   is removed (and vLLM drops the old id). Before the first publish requests run on the base.
 
+- Scoring (`score_labels`, what ZO on vLLM runs): the logprobs of given label tokens under one
+  or many LoRA states at once, from vLLM's prompt logprobs (plain `log_softmax(logits)` at
+  temperature 1), the states as adapters batched in one `generate` call (`max_loras` of them).
+  The engine wraps only the adapter's modules with LoRA layers (`lora_target_modules`): vLLM's
+  LoRA logits processor on `lm_head` cannot compute prompt logprobs.
+
 In process, not in a child: `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine core and its
 one worker in this process. On CPU that starts in about 6 s instead of about 60 s (two child
 processes each import vllm and torch), and weights reach the model without serialisation. The
@@ -55,6 +61,7 @@ training.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 import secrets
@@ -129,6 +136,8 @@ class VLLMBackend:
         lora: the peft `LoraConfig` of the policy's adapter, when it trains one: the engine
             serves adapters up to its rank, and `load_weights` publishes the adapter only.
         adapter_dir: where the adapter folders go (None: the system's temporary folder).
+        max_loras: adapters one engine step may batch (with `lora`): 1 for a rollout policy;
+            `score_labels` needs one per adapter state it scores in a call (ZO: 2n).
 
     Attributes:
         version: the policy version of the weights it holds (0 until the first `load_weights`).
@@ -152,6 +161,7 @@ class VLLMBackend:
         seed: int = 0,
         lora: Any = None,
         adapter_dir: str | Path | None = None,
+        max_loras: int = 1,
     ) -> None:
         if not vllm_available():
             raise LeantrainError(f"rollout.backend: vllm needs the vllm package; {INSTALL_HINT}")
@@ -169,9 +179,15 @@ class VLLMBackend:
         from vllm import LLM
 
         adapters: dict[str, Any] = {}
-        if lora is not None:  # one adapter at a time: the sync run publishes between batches
+        if lora is not None:  # rollouts: one adapter at a time, published between batches
             rank = next(r for r in _VLLM_LORA_RANKS if r >= lora.r)
-            adapters = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1}
+            adapters = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max_loras}
+            targets = lora.target_modules
+            if not isinstance(targets, str):  # a regex: every supported module stays wrapped
+                # Only the adapter's modules get LoRA layers. Besides sparing the others, this
+                # keeps lm_head unwrapped: vLLM's LoRA logits processor sizes its rows by the
+                # sampled tokens, so a prompt-logprob request (`score_labels`) fails under it.
+                adapters["lora_target_modules"] = sorted(targets)
         with _process_state_kept():
             self.llm = LLM(
                 model=str(folder),
@@ -194,6 +210,10 @@ class VLLMBackend:
         self.version = 0
         self.sync_seconds: list[float] = []
         self.lora = lora
+        self._lora_engine_args = adapters
+        self.max_loras = max_loras if lora is not None else 0
+        self._scoring_ids: list[int] = []  # the adapter ids of the last `score_labels`
+        self._scoring_serial = 0
         self.adapter: Any = None  # the LoRARequest every request carries; None: the base
         self._adapter_root: Path | None = None
         if lora is not None:
@@ -289,7 +309,6 @@ class VLLMBackend:
     def _load_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Write the adapter of `weights` as peft does, in a new folder, and make it the next
         requests' `LoRARequest`; remove the one it replaces."""
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         adapter = split_adapter(weights)[1]
@@ -298,13 +317,7 @@ class VLLMBackend:
                 "VLLMBackend serves a LoRA adapter (lora.enabled) but got weights without one "
                 "(no lora_A / lora_B entries)"
             )
-        assert self._adapter_root is not None
-        folder = self._adapter_root / f"v{version}"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        self.lora.save_pretrained(str(folder))  # adapter_config.json
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in adapter.items()}
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        folder = self._write_adapter(f"v{version}", adapter)
         old, self.adapter = self.adapter, LoRARequest(f"v{version}", version + 1, str(folder))
         engine = self.llm.llm_engine
         # A reused id (the same version published again) would be served from vLLM's cache.
@@ -316,6 +329,107 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.version = version
 
+    def _write_adapter(self, name: str, adapter: Mapping[str, torch.Tensor]) -> Path:
+        """`adapter` (peft names) as peft saves it, in a fresh folder `name` under the adapter
+        root: `adapter_config.json` (the engine's `lora`) and `adapter_model.safetensors` (fp32;
+        vLLM casts to the engine's dtype as it loads)."""
+        from safetensors.torch import save_file
+
+        assert self._adapter_root is not None
+        folder = self._adapter_root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        self.lora.save_pretrained(str(folder))  # adapter_config.json
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in adapter.items()}
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        return folder
+
+    def score_labels(
+        self,
+        prompts: Sequence[Sequence[int]],
+        labels: Sequence[Sequence[int]],
+        adapters: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """(S, R) float64: for each adapter state s and row r, the sum of log p(label token |
+        every token before it) over the label tokens of `prompts[r] + labels[r]`; one vLLM
+        request per (state, row), all in one `generate` call (different adapters batch together
+        in one engine step, up to `max_loras`).
+
+        The logprobs are vLLM's prompt logprobs: the model's plain `log_softmax(logits)` in fp32
+        at temperature 1 (prompt tokens skip the sampler's processors, so `processed_logprobs`
+        and `raw_logprobs` give the same there; `gpu_model_runner._get_prompt_logprobs_dict`),
+        what `training.logprobs.label_logprobs` computes on the trainer. A request asking for
+        prompt logprobs does not read the prefix cache (vLLM's `skip_reading_prefix_cache`), so
+        every row is computed whole. A label token at position 0 of its row has no context and is
+        not scored.
+
+        Args:
+            prompts: R token-id lists (may be empty when the label is a whole text).
+            labels: R token-id lists: the tokens scored.
+            adapters: S LoRA states, each a state dict under peft's file names
+                (`base_model.model.<module>.lora_A.weight`), written as adapter folders and sent
+                under fresh ids (those of the previous call are dropped first); None scores the
+                engine's current weights (with `lora`, its published adapter), S = 1.
+        """
+        from vllm import SamplingParams as VSamplingParams
+        from vllm import TokensPrompt
+        from vllm.lora.request import LoRARequest
+
+        rows = [[*p, *lab] for p, lab in zip(prompts, labels, strict=True)]
+        starts = [max(1, len(p)) for p in prompts]  # the first scored position of each row
+        if not rows or any(start >= len(row) for start, row in zip(starts, rows, strict=True)):
+            raise LeantrainError("score_labels needs rows, each with a label token after a prefix")
+        engine = self.llm.llm_engine
+        for lora_id in self._scoring_ids:  # the previous call's states
+            if lora_id in engine.list_loras():
+                engine.remove_lora(lora_id)
+        self._scoring_ids = []
+        requests: list[Any] = [self.adapter]
+        if adapters is not None:
+            if self.lora is None:
+                raise LeantrainError(
+                    "score_labels got adapter states, but this engine serves no LoRA: start "
+                    "VLLMBackend with lora= (the adapter's peft config) and max_loras"
+                )
+            targets = self._lora_engine_args.get("lora_target_modules")
+            if targets is None or "lm_head" in targets:
+                raise LeantrainError(
+                    "score_labels scores adapters on named modules other than lm_head only: "
+                    "vLLM's LoRA logits processor computes no prompt logprobs (got target "
+                    f"modules {self.lora.target_modules!r})"
+                )
+            if not 0 < len(adapters) <= self.max_loras:
+                raise LeantrainError(
+                    f"score_labels got {len(adapters)} adapter states; this engine batches "
+                    f"1 to max_loras={self.max_loras}"
+                )
+            requests = []
+            for k, adapter in enumerate(adapters):
+                # Fresh ids: a reused id would be served from vLLM's adapter cache. Ids of
+                # published versions are small (version + 1); these sit far above them.
+                self._scoring_serial += 1
+                lora_id = _SCORING_IDS + self._scoring_serial
+                folder = self._write_adapter(f"state{k}", adapter)
+                requests.append(LoRARequest(f"state{lora_id}", lora_id, str(folder)))
+                self._scoring_ids.append(lora_id)
+        # One token is generated (vLLM needs max_tokens >= 1) and ignored.
+        params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=row) for _ in requests for row in rows],
+            params,
+            use_tqdm=False,
+            lora_request=[lora for lora in requests for _ in rows],
+        )
+        sums = torch.empty((len(requests), len(rows)), dtype=torch.float64)
+        for i, out in enumerate(outputs):
+            row, start = rows[i % len(rows)], starts[i % len(rows)]
+            steps = out.prompt_logprobs
+            sums.view(-1)[i] = math.fsum(steps[t][row[t]].logprob for t in range(start, len(row)))
+        return sums
+
+
+# Adapter ids of `score_labels` start above this (published versions use version + 1).
+_SCORING_IDS = 1_000_000
 
 # The ranks vLLM's LoRA kernels are built for (`vllm.config.lora.MaxLoRARanks`).
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -2,7 +2,8 @@
 one-sided estimators, sparse perturbations, LoRA or all-parameter targets, directions regenerated
 from seeds, and every perturbed state scored as an inference engine scores a batch (`packed`:
 each distinct prefix once; `training.logprobs` for models it does not cover);
-`reference.MeZOReference` is the baseline it is measured against."""
+`reference.MeZOReference` is the baseline it is measured against; `scoring` moves the scoring
+(only) to vLLM with `zo.backend: vllm`."""
 
 from leantrain.zo.data import Pair, label_accuracy, mean_loss, read_pairs
 from leantrain.zo.directions import Directions, SeedStream, small_magnitude_masks

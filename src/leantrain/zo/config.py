@@ -88,8 +88,34 @@ class ZOSettings(Strict):
         "prefixes; it bounds activation memory.",
     )
 
+    backend: Literal["native", "vllm"] = Field(
+        "native",
+        description="Where the perturbed states are scored. native: our engine's own forward "
+        "(packed prefix trees, stacked adapters). vllm: an in-process vLLM engine (`make vllm`; "
+        "the paper's setting): LoRA states as S adapters batched in one call, all-parameter "
+        "states published whole (one weight transfer per state, slow on a big model). Only "
+        "scoring moves: seeds, estimate and update stay ours, so the trajectory is the same.",
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0,
+        gt=0.0,
+        description="backend vllm: memory for its KV cache, in GiB; must hold one sequence of "
+        "vllm_max_model_len tokens.",
+    )
+    vllm_max_model_len: int | None = Field(
+        None,
+        ge=16,
+        description="backend vllm: longest row it accepts (None: the model's context length, "
+        "which may need a large KV cache).",
+    )
+
     @model_validator(mode="after")
     def _reference_runs_mezo_only(self) -> ZOSettings:
+        if self.backend == "vllm" and self.engine != "inference":
+            raise ValueError(
+                "zo.backend: vllm scores the states of zo.engine: inference; the reference loop "
+                "runs on its own forward (zo.backend: native)"
+            )
         if self.engine == "reference" and (
             self.estimator != "spsa" or self.sparse_fraction is not None
         ):

@@ -14,6 +14,10 @@ together: S states x the batch in ONE forward over the frozen base (stacked adap
 all parameters as targets the states cannot share a forward (each is a full copy of the weights),
 so they are scored one after another, moving the weights in place between them.
 
+With a `scorer` (`scoring.VLLMScorer`, `zo.backend: vllm`) the states are scored on vLLM
+instead: the adapter snapshots go to it as S batched LoRA adapters, or (all parameters) the
+weights are published per state; everything else in a step stays here.
+
 Same seeds, same moves and same update rule as `reference.MeZOReference`, so the two walk the
 same loss trajectory; only the machinery differs (and the loss's float summation order).
 
@@ -36,6 +40,7 @@ from leantrain.zo.directions import Directions, SeedStream, small_magnitude_mask
 from leantrain.zo.estimators import SPSA, OneSided, Plan
 from leantrain.zo.lora import lora_factors, stacked_adapters
 from leantrain.zo.packed import LeanLlama, PrefixTree, prefix_groups
+from leantrain.zo.scoring import VLLMScorer
 
 # One forward's worth of rows: a prefix tree (lean forward) or padded (ids, labels).
 Piece = PrefixTree | tuple[torch.Tensor, torch.Tensor]
@@ -78,6 +83,9 @@ class ZOEngine:
         tree_nodes: prefix-tree nodes per packed forward (all states together). Large shares
             more prefixes (on a CPU too: the packed forward has no padding to spill); it bounds
             activation memory.
+        scorer: where the states are scored (`scoring.make_scorer`): None, this engine's own
+            forward; a `scoring.VLLMScorer`, vLLM (adapter states with `batched`, else the
+            weights published per state). Seeds, moves and the update stay here either way.
     """
 
     def __init__(
@@ -94,6 +102,7 @@ class ZOEngine:
         forward_tokens: int = 512,
         lean: bool = True,
         tree_nodes: int = 2048,
+        scorer: VLLMScorer | None = None,
     ) -> None:
         self.model = model
         self.estimator = estimator
@@ -102,6 +111,7 @@ class ZOEngine:
         self.sparse_fraction = sparse_fraction
         self.forward_tokens = forward_tokens
         self.tree_nodes = tree_nodes
+        self.scorer = scorer
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
         self.directions = Directions(self.params, chunk_numel)
         self.seeds = SeedStream(seed)
@@ -172,12 +182,15 @@ class ZOEngine:
 
     def _score_sequential(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
         """Move the weights to each state in turn and score it."""
-        pieces = self._pieces(pairs, 1)
+        pieces = self._pieces(pairs, 1) if self.scorer is None else []
         losses = []
         for moves in plan.moves:
             for seed, scale in moves:
                 self.directions.move_(seed, scale, self.estimator.eps)
-            losses += self._mean_losses(pieces, 1)
+            if self.scorer is None:
+                losses += self._mean_losses(pieces, 1)
+            else:
+                losses.append(self.scorer.weights_loss(pairs))
         return losses
 
     def _score_batched(self, plan: Plan, pairs: Sequence[Pair]) -> list[float]:
@@ -190,6 +203,8 @@ class ZOEngine:
                 self.directions.move_(seed, scale, self.estimator.eps)
             for stack, p in zip(stacks, self.params, strict=True):
                 stack[k].copy_(p)
+        if self.scorer is not None:
+            return self.scorer.adapter_losses(pairs, stacks)
         return self._mean_losses(self._pieces(pairs, states), states, stacks)
 
     def _return_and_update(self, plan: Plan, seeds: list[int], grads: list[float]) -> None:

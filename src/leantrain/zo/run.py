@@ -8,8 +8,10 @@ as an ordinary Hugging Face folder.
     from leantrain.zo.run import ZORun
     summary = ZORun(load_settings(ZOConfig, "configs/tiny-zo.yaml", steps=50)).run()
 
-Setup order: model, then LoRA (its initialisation draws from the seeded global generator), then
-data (tokenized with the model's tokenizer), then the stepper (it holds the trainable tensors).
+Setup order: model (and, with `zo.backend: vllm`, the folder vLLM loads its base weights from),
+then LoRA (its initialisation draws from the seeded global generator), then data (tokenized with
+the model's tokenizer), then the stepper (it holds the trainable tensors; with vllm it starts the
+engine that scores the states). Held-out evaluation runs on the trainer's model either way.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from leantrain.zo.engine import ZOEngine
 from leantrain.zo.estimators import make_estimator
 from leantrain.zo.lora import add_lora
 from leantrain.zo.reference import MeZOReference
+from leantrain.zo.scoring import make_scorer, model_folder
 
 # Seed streams: training examples, held-out examples and batches never share a seed.
 _EVAL_SEED_OFFSET = 1_000_003
@@ -71,6 +74,11 @@ class ZORun:
         # weight's resolution and would be rounded away; bfloat16 only when asked for.
         dtype = "float32" if cfg.model.dtype == "auto" else cfg.model.dtype
         self.model, self.tokenizer = load_model(cfg.model.name, device=str(device), dtype=dtype)
+        self.dtype = dtype
+        # zo.backend vllm serves the base weights from a folder (before LoRA wraps the model).
+        self.folder = (
+            model_folder(self.model, self.tokenizer, self.out) if cfg.zo.backend == "vllm" else None
+        )
         if cfg.zo.target == "lora":
             self.model = add_lora(self.model, cfg.zo.lora_r, cfg.zo.lora_alpha, cfg.zo.lora_targets)
         else:
@@ -107,9 +115,21 @@ class ZORun:
                 self.model, zo.eps, zo.lr, cfg.seed, pad, directions=zo.directions
             )
         else:
+            estimator = make_estimator(zo.estimator, zo.eps, zo.directions)
+            scorer = make_scorer(
+                zo.backend,
+                model=self.model,
+                folder=self.folder,
+                states=len(estimator.plan(list(range(zo.directions))).moves),
+                out=self.out,
+                dtype=self.dtype,
+                seed=cfg.seed,
+                kv_cache_gib=zo.vllm_kv_cache_gib,
+                max_model_len=zo.vllm_max_model_len,
+            )
             self.stepper = ZOEngine(
                 self.model,
-                make_estimator(zo.estimator, zo.eps, zo.directions),
+                estimator,
                 zo.lr,
                 cfg.seed,
                 pad,
@@ -117,6 +137,7 @@ class ZORun:
                 sparse_fraction=zo.sparse_fraction,
                 forward_tokens=zo.forward_tokens,
                 tree_nodes=zo.tree_nodes,
+                scorer=scorer,
             )
 
     def _setup_outputs(self) -> None:
@@ -177,6 +198,7 @@ class ZORun:
             "model": cfg.model.name,
             "data": str(cfg.data) if cfg.data is not None else cfg.task.name,
             "engine": cfg.zo.engine,
+            "backend": cfg.zo.backend,
             "estimator": cfg.zo.estimator,
             "target": cfg.zo.target,
             "trainable_parameters": sum(
