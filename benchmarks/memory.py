@@ -23,16 +23,31 @@ saves (`leantrain.memory.probe.saved_tensors`) and sums, for one middle decoder 
 numbers kept per token by part (norms, attention, projection inputs, SwiGLU intermediates), in
 units of the hidden size d.
 
-Accuracy beside memory: each method also runs `configs/tiny-sft.yaml` (SFT on `arith` worked
-solutions, 40 steps) and reports held-out greedy accuracy (skipped by `--quick`), at the learning
-rate that suits it: 5e-4 when the full weights train (full, lars; 2e-3 degrades the half-trained
-tiny model), 2e-3 for LoRA adapters (every lora row).
+Accuracy beside memory: each method also runs an SFT config, picked by model (`--sft-config`),
+and reports held-out greedy accuracy (skipped by `--quick`), at the learning rate that suits it:
+
+- `tiny`: `configs/tiny-sft.yaml` (SFT on `arith` worked solutions, 40 steps): 5e-4 when the
+  full weights train (full, lars; 2e-3 degrades the half-trained tiny model), 2e-3 for LoRA
+  adapters (every lora row). Any other model without its own entry also takes this config.
+- `smollm2-135m`: `configs/smollm2-sft.yaml` (SFT on `arith` in chat style, the number alone,
+  30 steps of 8): 5e-5 for full weights, 5e-4 for LoRA adapters. Chosen before any run, not
+  tuned on the held-out set: 5e-5 is a usual full-SFT rate for a pretrained model of this size
+  (a pretrained model takes far smaller steps than the half-trained tiny one), and LoRA's best
+  rate is commonly about 10x full fine-tuning's (adapters start at zero; B is zero-initialised).
+
+The issue 27 check on smollm2 is the third command below (LARS against PEFT LoRA only, three
+lengths): about 30 min on 2 busy cores, estimated from step timings, not yet run end to end:
+about 15 for the memory steps (most of it the two 4096-token steps per method) and 11 for the
+accuracy runs (per method two 200-problem evaluations, about 3 min, and 30 steps, 2.5 min).
 
     python benchmarks/memory.py            # lengths 256..4096, accuracy after the config's steps
     python benchmarks/memory.py --quick    # lengths 256..4096 (fewer), no accuracy; < 2 min
+    python benchmarks/memory.py --model smollm2-135m --lens 1024 2048 4096 --methods lora,lars \
+        --out benchmarks/results/lars_smollm2.json
 
-Writes benchmarks/results/memory.json (keys `lars_vs_lora_mem_ratio_longest`, `seq_lens`, and
-`details`) and memory.png.
+Writes benchmarks/results/memory.json or `--out` (keys `lars_vs_lora_mem_ratio_longest`,
+`seq_lens`, `model` and `details`) and a .png beside it. `--methods` must keep `lora` and `lars`
+(the headline ratio); `--sft-steps` shortens the accuracy runs (smoke runs only).
 """
 
 from __future__ import annotations
@@ -46,13 +61,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from leantrain.telemetry.report import write_benchmark_json
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "memory.json"
-CONFIG = Path(__file__).parents[1] / "configs" / "tiny-sft.yaml"
+CONFIG = ROOT / "configs" / "tiny-sft.yaml"
 # Row name -> TuneConfig overrides. lean_kernels None is tune's default: on for the lars methods.
 METHODS = {
     "full": {"method": "full"},
@@ -64,6 +81,12 @@ METHODS = {
     "lora+lars": {"method": "lora+lars"},
 }
 ADAPTER_LR = 2e-3  # LoRA adapters start at zero and take a larger rate than the full weights
+# Model -> (SFT config, LoRA adapters' rate); the config's own `lr` is the full weights'. Models
+# not listed take the tiny entry (the config's model name is replaced by --model).
+SFT = {
+    "tiny": (CONFIG, ADAPTER_LR),
+    "smollm2-135m": (ROOT / "configs" / "smollm2-sft.yaml", 5e-4),
+}
 # Parts of a decoder layer's saved tensors, by the module that saved them (first match wins).
 PARTS = (
     ("norms", "norm"),
@@ -90,8 +113,10 @@ def layer_parts(saved: list, layer: int, unit_bytes: int) -> dict[str, float]:
     return {name: round(v, 2) for name, v in parts.items()}
 
 
-def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> None:
-    """Measure `method` at each length, print one JSON line per result."""
+def worker(method: str, model: str, lens: list[int], sft: dict[str, Any], accuracy: bool) -> None:
+    """Measure `method` at each length, print one JSON line per result; then, if `accuracy`, the
+    SFT run of `sft` (config, the adapters' lr, steps or None). The config also gives the method's
+    sizes (LoRA r, LARS rank, targets) for the memory steps."""
     import torch
 
     from leantrain.memory import measure_step, saved_tensors
@@ -101,9 +126,12 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
     from leantrain.settings import load_settings
 
     torch.set_num_threads(1)
+    config_path = Path(sft["config"])
     with tempfile.TemporaryDirectory() as tmp:
         overrides = {**METHODS[method], "model.name": model, "device": "cpu"}
-        cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "mem", eval_size=1, **overrides)
+        cfg = load_settings(
+            TuneConfig, config_path, out=Path(tmp) / "mem", eval_size=1, **overrides
+        )
         run = SFTRun(cfg, progress=False)
         vocab = run.model.get_input_embeddings().num_embeddings
         generator = torch.Generator().manual_seed(0)
@@ -126,30 +154,41 @@ def worker(method: str, model: str, lens: list[int], with_accuracy: bool) -> Non
                 step()  # unmeasured: first touch of this length's buffers
             mem = measure_step(run.model, step)
             print(json.dumps({"seq_len": n, **mem.__dict__}), flush=True)
-        if with_accuracy:
+        if accuracy:
             if cfg.method.startswith("lora"):
-                overrides["lr"] = ADAPTER_LR
-            cfg = load_settings(TuneConfig, CONFIG, out=Path(tmp) / "acc", **overrides)
+                overrides["lr"] = sft["adapter_lr"]
+            if sft["steps"] is not None:
+                overrides["steps"] = sft["steps"]
+            cfg = load_settings(TuneConfig, config_path, out=Path(tmp) / "acc", **overrides)
             summary = SFTRun(cfg, progress=False).run()
-            print(json.dumps({"accuracy": summary["accuracy_after"]}), flush=True)
+            row = {
+                "accuracy": summary["accuracy_after"],
+                "accuracy_before": summary["accuracy_before"],
+            }
+            row.update(lr=cfg.lr, sft_steps=cfg.steps, sft_seconds=summary["seconds_training"])
+            print(json.dumps(row), flush=True)
 
 
-def measure(method: str, model: str, lens: list[int], with_accuracy: bool) -> dict:
+def measure(method: str, model: str, lens: list[int], sft: dict[str, Any], accuracy: bool) -> dict:
     """Run `worker` for `method` in a fresh process; its results by kind."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
     args = [sys.executable, __file__, "--worker", method, "--model", model]
-    args += ["--lens", *map(str, lens), *([] if with_accuracy else ["--no-accuracy"])]
+    args += ["--lens", *map(str, lens), *([] if accuracy else ["--no-accuracy"])]
+    args += ["--sft-config", str(sft["config"]), "--adapter-lr", str(sft["adapter_lr"])]
+    args += [] if sft["steps"] is None else ["--sft-steps", str(sft["steps"])]
     done = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{method} worker failed:\n{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    accuracy = next((r["accuracy"] for r in rows if "accuracy" in r), None)
+    accuracy = next((r for r in rows if "accuracy" in r), {"accuracy": None})
     parts = next(r for r in rows if "parts" in r)
-    return {"steps": [r for r in rows if "seq_len" in r], "accuracy": accuracy, **parts}
+    return {"steps": [r for r in rows if "seq_len" in r], **accuracy, **parts}
 
 
-def slope(lens: list[int], values: list[float]) -> float:
-    """Least-squares slope of `values` against `lens` (bytes per token)."""
+def slope(lens: list[int], values: list[float]) -> float | None:
+    """Least-squares slope of `values` against `lens` (bytes per token); None from one length."""
+    if len(set(lens)) < 2:
+        return None
     mx, my = sum(lens) / len(lens), sum(values) / len(values)
     num = sum((x - mx) * (y - my) for x, y in zip(lens, values, strict=True))
     return num / sum((x - mx) ** 2 for x in lens)
@@ -196,19 +235,61 @@ def parts_table(results: dict, model: str) -> Table:
     return table
 
 
+def shown_path(path: Path) -> str:
+    """`path` relative to the repository when inside it (as the results have always shown)."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer lengths, no accuracy runs")
     parser.add_argument("--model", default="tiny", help="preset or local HF folder")
     parser.add_argument("--lens", type=int, nargs="+", help="sequence lengths (ascending)")
     parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy runs")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help=f"comma-separated rows to measure, a subset of {','.join(METHODS)} that keeps lora "
+        "and lars (default: all)",
+    )
+    parser.add_argument(
+        "--sft-config",
+        type=Path,
+        help="TuneConfig YAML of the accuracy runs (default by model: configs/smollm2-sft.yaml "
+        "for smollm2-135m, configs/tiny-sft.yaml otherwise); also sets LoRA/LARS sizes",
+    )
+    parser.add_argument(
+        "--adapter-lr",
+        type=float,
+        help="learning rate of LoRA adapters in the accuracy runs (default by model: 2e-3 tiny, "
+        "5e-4 smollm2-135m); full weights take the config's lr",
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, help="override the SFT config's steps (smoke runs)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results JSON (.png beside)")
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     lens = args.lens or ([256, 1024, 4096] if args.quick else [256, 512, 1024, 2048, 4096])
     with_accuracy = not (args.quick or args.no_accuracy)
+    default_config, default_lr = SFT.get(args.model, SFT["tiny"])
+    sft = {
+        "config": args.sft_config or default_config,
+        "adapter_lr": default_lr if args.adapter_lr is None else args.adapter_lr,
+        "steps": args.sft_steps,
+    }
     if args.worker:
-        worker(args.worker, args.model, lens, with_accuracy)
+        worker(args.worker, args.model, lens, sft, with_accuracy)
         return
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not {"lora", "lars"} <= set(methods):
+        problem = f"unknown {', '.join(unknown)}" if unknown else "needs lora and lars"
+        parser.error(f"--methods: {problem} (a subset of {','.join(METHODS)})")
+    methods = [m for m in METHODS if m in methods]  # the table's order
 
     from rich.console import Console
     from rich.progress import Progress
@@ -218,10 +299,10 @@ def main() -> None:
     resolve_model_path(args.model)  # build the tiny preset once, before the workers race
     results = {}
     with Progress(transient=True) as bar:
-        job = bar.add_task("methods", total=len(METHODS))
-        for method in METHODS:
+        job = bar.add_task("methods", total=len(methods))
+        for method in methods:
             bar.update(job, description=f"measuring {method}")
-            results[method] = measure(method, args.model, lens, with_accuracy)
+            results[method] = measure(method, args.model, lens, sft, with_accuracy)
             bar.advance(job)
 
     peaks = {m: [s["peak_bytes"] for s in r["steps"]] for m, r in results.items()}
@@ -240,7 +321,7 @@ def main() -> None:
             method,
             *(f"{b / 2**20:.1f}" for b in p),
             f"{p[-1] / lora_last:.2f}x",
-            f"{slopes[method] / 1024:.1f}",
+            "-" if slopes[method] is None else f"{slopes[method] / 1024:.1f}",
             "-" if acc is None else f"{acc:.1%}",
         )
     console = Console()
@@ -252,6 +333,7 @@ def main() -> None:
     out = {
         "lars_vs_lora_mem_ratio_longest": round(ratio, 4),
         "seq_lens": lens,
+        "model": args.model,
         "details": {
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -262,18 +344,22 @@ def main() -> None:
                 m: round(r["steps"][-1]["saved_activation_bytes"] / saved_lora_last, 4)
                 for m, r in results.items()
             },
-            "slope_bytes_per_token": {m: round(s) for m, s in slopes.items()},
-            "lars_vs_lora_slope_ratio": round(slopes["lars"] / slopes["lora"], 4),
-            "accuracy_config": str(CONFIG.relative_to(CONFIG.parents[1]))
-            if with_accuracy
+            "slope_bytes_per_token": {m: s and round(s) for m, s in slopes.items()},
+            "lars_vs_lora_slope_ratio": round(slopes["lars"] / slopes["lora"], 4)
+            if slopes["lars"] is not None
             else None,
+            "accuracy_config": shown_path(sft["config"]) if with_accuracy else None,
             "results": results,
         },
     }
-    write_benchmark_json(RESULTS, out)
-    plot(results, lens, RESULTS.with_suffix(".png"))
+    if with_accuracy:
+        out["details"]["accuracy_lars_minus_lora"] = round(
+            results["lars"]["accuracy"] - results["lora"]["accuracy"], 4
+        )
+    write_benchmark_json(args.out, out)
+    plot(results, lens, args.out.with_suffix(".png"))
     print(f"LARS / LoRA peak at {lens[-1]} tokens: {ratio:.3f}  (target <= 0.67)")
-    print(f"wrote {RESULTS} and {RESULTS.with_suffix('.png')}")
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
