@@ -13,6 +13,8 @@ Knows nothing about training, optimizers or scheduling.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -95,6 +97,26 @@ def to_trajectory(
     )
 
 
+def sampled_versions(completions: Sequence[Completion], version: int) -> list[list[int]]:
+    """Each completion's per-token policy versions for a batch generated on `version`: the
+    backend's own record where it keeps one (vLLM's weight-version spans), checked to be
+    `version` for every token, else `version` for every token. A token labelled otherwise means
+    the weights changed under the batch, which `async` mode never does: an error, not data."""
+    out: list[list[int]] = []
+    for i, c in enumerate(completions):
+        if c.versions is None:
+            out.append([version] * len(c.response_ids))
+            continue
+        if len(c.versions) != len(c.response_ids) or set(c.versions) - {version}:
+            raise LeantrainError(
+                f"completion {i} of a batch generated on policy version {version} reports "
+                f"token versions {sorted(set(c.versions))} from its backend: its weights "
+                "changed during the batch"
+            )
+        out.append(list(c.versions))
+    return out
+
+
 def rollout_backend(
     config: RLConfig,
     model: PreTrainedModel,
@@ -140,10 +162,23 @@ def vllm_backend(
     folder = Path(str(model.name_or_path))
     if not (folder / "config.json").is_file():
         folder = Path(config.out) / "vllm-policy"
+        # Written aside and renamed into place: the trainer and async rollout workers (spawned
+        # processes) all come here; the first rename wins and the others use its folder (the
+        # weights in it are the set-up's: every engine gets each published version anyway).
+        # A folder of another model (an earlier run in this folder) is replaced.
+        Path(config.out).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".vllm-policy-", dir=config.out))
         # Under an adapter, vLLM loads the base weights under their own names.
         state = split_adapter(model.state_dict())[0] if lora.enabled else None
-        model.save_pretrained(folder, state_dict=state)
-        tokenizer.save_pretrained(folder)
+        model.save_pretrained(staging, state_dict=state)
+        tokenizer.save_pretrained(staging)
+        same = _same_file(folder / "config.json", staging / "config.json")
+        if folder.exists() and not same:
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            staging.rename(folder)
+        except OSError:  # already there, written by another process of this run
+            shutil.rmtree(staging, ignore_errors=True)
     cuda = next(model.parameters()).device.type == "cuda"
     dtype = config.model.dtype if config.model.dtype != "auto" else ("auto" if cuda else "float32")
     r = config.rollout
@@ -158,6 +193,10 @@ def vllm_backend(
         enforce_eager=r.vllm_enforce_eager,
         seed=config.seed,
     )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
@@ -239,7 +278,9 @@ class RolloutSource:
         """`group_size` responses to each of step `step`'s prompts, sampled at `version`,
         scored."""
         examples, completions = self.sample(step)
-        return self.score(examples, completions, version)
+        if all(c.versions is None for c in completions):  # the backend keeps no record
+            return self.score(examples, completions, version)
+        return self.score(examples, completions, sampled_versions(completions, version))
 
     def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
         """Step `step`'s prompts and `group_size` sampled completions of each, prompt-major."""
