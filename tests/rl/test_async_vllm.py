@@ -137,17 +137,23 @@ def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
 
 
 def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
-    data = _config(tmp_path, "async").model_dump(mode="json")
-    RLConfig.model_validate(data)  # async on worker processes is fine
+    from leantrain.errors import LeantrainError, NotBuiltError
+    from leantrain.rl.rollout import refuse_unsupported
+    from leantrain.tasks import make_task
+
+    task = make_task("arith")
+    example = task.examples(1, 0)[0]
+    cfg = _config(tmp_path, "async")
+    refuse_unsupported(cfg, task, example)  # async on worker processes is built
     for backend, match in (("local", "cannot share the trainer's process"), ("ray", "Ray")):
-        bad = json.loads(json.dumps(data))
-        bad["orchestrator"]["backend"] = backend
-        with pytest.raises(NotImplementedError, match=rf"orchestrator\.backend: process.*{match}"):
-            RLConfig.model_validate(bad)
-    bad = json.loads(json.dumps(data))
-    bad["orchestrator"].update(mode="partial", backend="local")
-    with pytest.raises(NotImplementedError, match=r"partial.*pause_generation"):
-        RLConfig.model_validate(bad)
+        cfg.orchestrator.backend = backend
+        with pytest.raises(NotImplementedError, match=rf"backend: process only.*{match}"):
+            refuse_unsupported(cfg, task, example)
+    cfg.orchestrator.backend = "local"
+    cfg.orchestrator.mode = "partial"
+    with pytest.raises(NotBuiltError, match=r"partial.*pause_generation") as refused:
+        refuse_unsupported(cfg, task, example)
+    assert isinstance(refused.value, LeantrainError)  # the CLI prints it on one line
 
 
 def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, monkeypatch) -> None:

@@ -307,32 +307,7 @@ class RLConfig(Strict):
     def _vllm_rollouts(self) -> RLConfig:
         if self.rollout.backend != "vllm":
             return self
-        mode, backend = self.orchestrator.mode, self.orchestrator.backend
-        if mode == "partial":
-            # The segments of partial mode poll the trainer's weight store from a thread
-            # (backend local), where a worker's engine would share a process with the trainer's;
-            # and vLLM 0.32 pauses and resumes generation (pause_generation /
-            # resume_generation) only on its AsyncLLM, not on the in-process LLM we drive.
-            raise NotImplementedError(
-                "orchestrator.mode: partial is not built for rollout.backend: vllm: it runs on "
-                "orchestrator.backend: local only, where a second in-process vLLM engine cannot "
-                "live beside the trainer's, and vLLM's pause_generation / resume_generation "
-                "exist on its AsyncLLM only, not on the in-process LLM; use mode: async with "
-                "backend: process"
-            )
-        if mode == "async" and backend != "process":
-            # Each worker holds an engine of its own; in a thread it would be a second vLLM
-            # engine in the trainer's process (they tear each other's process groups down).
-            # Ray actors are processes too, but not wired or tested with vLLM yet.
-            raise NotImplementedError(
-                "orchestrator.mode: async on rollout.backend: vllm runs on "
-                f"orchestrator.backend: process only (got {backend!r}): "
-                + (
-                    "a worker thread's vLLM engine cannot share the trainer's process"
-                    if backend == "local"
-                    else "Ray rollout actors holding vLLM engines are not built yet"
-                )
-            )
+        # Async modes on vLLM: rl/rollout.py `refuse_unsupported` (what is not built yet).
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(
                 "rollout.backend: vllm samples without truncation (sampling.top_k 0, "
