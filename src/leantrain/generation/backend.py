@@ -40,6 +40,9 @@ class Completion:
         timeline: when the sequence entered each phase in the backend (queue, prefill,
             decode or speculate, done), on `telemetry.events.clock()`; what `events.jsonl`
             is made of. A backend fills what it knows (see `SeqTimeline`); None: nothing.
+        versions: the policy version of the weights that sampled each response token, as the
+            backend itself recorded it (vLLM's weight-version spans); None where the backend
+            keeps no such record (the caller knows which version it loaded).
     """
 
     prompt_ids: list[int]
@@ -48,6 +51,7 @@ class Completion:
     finish_reason: FinishReason
     hidden_states: torch.Tensor | None = None
     timeline: SeqTimeline | None = None
+    versions: list[int] | None = None
 
 
 @dataclass(frozen=True)

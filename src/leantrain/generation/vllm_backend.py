@@ -27,6 +27,14 @@ The only module that imports vllm, and only inside functions, so the package imp
   gate/up), all tensors in one call (one call per tensor is the classic slow sync), then resets
   the prefix cache so no KV block computed by the old weights is reused. Its seconds are kept in
   `sync_seconds` for the run to log.
+- Versions: each load labels the engine's weights with their policy version
+  (`LLMEngine.set_weight_version`, vLLM's own tracking), and vLLM returns with each finished
+  output the spans of tokens each label sampled (`CompletionOutput.weight_versions`); they
+  become `Completion.versions`, one version per response token, so a caller checks the version
+  of every token instead of assuming it. An installed vLLM without this tracking leaves
+  `versions` None. vLLM's `pause_generation` / `resume_generation` (a sync in the middle of
+  decoding, without draining) exist on its `AsyncLLM` only; this in-process `LLM` decodes inside
+  `generate`, so weights change between calls, never during one.
 - A LoRA policy (`lora`: the adapter's peft config; the policy is the folder's weights plus a
   peft adapter injected in place, models/lora.py): the engine starts with `enable_lora`, and
   `load_weights` writes only the adapter of the state dict it gets (peft's files:
@@ -223,6 +231,14 @@ class VLLMBackend:
         # vLLM's engine-core times are time.monotonic(); both clocks are CLOCK_MONOTONIC on
         # Linux, so one offset holds for the whole run.
         self._monotonic_to_clock = clock() - time.monotonic()
+        self._label_weights(self.version)
+
+    def _label_weights(self, version: int) -> None:
+        """Label the engine's weights with `version` (vLLM's weight-version tracking), which
+        every token sampled from now on carries; a no-op on a vLLM without it."""
+        engine = self.llm.llm_engine
+        if hasattr(engine, "set_weight_version"):
+            engine.set_weight_version(str(version))
 
     def generate(
         self,
@@ -282,6 +298,7 @@ class VLLMBackend:
                     timeline=_timeline(
                         out.metrics, len(ids), wall_to_clock, self._monotonic_to_clock
                     ),
+                    versions=_token_versions(getattr(o, "weight_versions", None), len(ids)),
                 )
             )
         return completions
@@ -304,6 +321,7 @@ class VLLMBackend:
         )
         self.llm.reset_prefix_cache()
         self.version = version
+        self._label_weights(version)
         self.sync_seconds.append(time.perf_counter() - t0)
 
     def _load_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
@@ -328,6 +346,7 @@ class VLLMBackend:
             shutil.rmtree(old.lora_path, ignore_errors=True)
         self.llm.reset_prefix_cache()
         self.version = version
+        self._label_weights(version)
 
     def _write_adapter(self, name: str, adapter: Mapping[str, torch.Tensor]) -> Path:
         """`adapter` (peft names) as peft saves it, in a fresh folder `name` under the adapter
@@ -456,6 +475,20 @@ def _timeline(
             last = max(last, t + to_clock)
             timeline.mark(last, phase, sampled)
     return timeline
+
+
+def _token_versions(spans: Any, tokens: int) -> list[int] | None:
+    """One policy version per response token from vLLM's `WeightVersionSpan`s (output tokens
+    `[start, end)` sampled by the weights labelled `version`); None when vLLM reported none
+    or a label is not one of ours (an int), or the spans do not cover the tokens."""
+    if spans is None:
+        return None
+    versions: list[int] = []
+    for span in spans:
+        if not str(span.version).lstrip("-").isdigit() or span.start != len(versions):
+            return None
+        versions += [int(span.version)] * (span.end - span.start)
+    return versions if len(versions) == tokens else None
 
 
 def _finish_reason(reason: str | None, stop_reason: int | str | None) -> FinishReason:

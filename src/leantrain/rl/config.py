@@ -185,8 +185,9 @@ class RolloutConfig(Strict):
         description="native: leantrain's engine on the trainer's own weights (every capability: "
         "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
         "for the tiny CPU models). vllm: an in-process vLLM engine on a copy of the weights, "
-        "synced at every policy version (sampling only, no top-k/top-p; `make vllm` installs "
-        "it); the road to real models on GPUs.",
+        "synced at every policy version (sampling only, no top-k/top-p; sync mode, or async on "
+        "orchestrator.backend: process, one engine per worker; `make vllm` installs it); the "
+        "road to real models on GPUs.",
     )
     vllm_kv_cache_gib: float = Field(
         1.0,
@@ -306,12 +307,7 @@ class RLConfig(Strict):
     def _vllm_rollouts(self) -> RLConfig:
         if self.rollout.backend != "vllm":
             return self
-        # Rollout workers would each start an engine of their own; not wired yet.
-        if self.orchestrator.mode != "sync":
-            raise ValueError(
-                "rollout.backend: vllm needs orchestrator.mode: sync "
-                f"(got {self.orchestrator.mode!r}); async rollout workers run the native engine"
-            )
+        # Async modes on vLLM: rl/rollout.py `refuse_unsupported` (what is not built yet).
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(
                 "rollout.backend: vllm samples without truncation (sampling.top_k 0, "

@@ -13,13 +13,15 @@ Knows nothing about training, optimizers or scheduling.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
-from leantrain.errors import LeantrainError
+from leantrain.errors import LeantrainError, NotBuiltError
 from leantrain.generation import Backend, Completion, Engine, Speculator, require
 from leantrain.models import encode_prompt
 from leantrain.models.lora import lora_config, split_adapter
@@ -95,6 +97,26 @@ def to_trajectory(
     )
 
 
+def sampled_versions(completions: Sequence[Completion], version: int) -> list[list[int]]:
+    """Each completion's per-token policy versions for a batch generated on `version`: the
+    backend's own record where it keeps one (vLLM's weight-version spans), checked to be
+    `version` for every token, else `version` for every token. A token labelled otherwise means
+    the weights changed under the batch, which `async` mode never does: an error, not data."""
+    out: list[list[int]] = []
+    for i, c in enumerate(completions):
+        if c.versions is None:
+            out.append([version] * len(c.response_ids))
+            continue
+        if len(c.versions) != len(c.response_ids) or set(c.versions) - {version}:
+            raise LeantrainError(
+                f"completion {i} of a batch generated on policy version {version} reports "
+                f"token versions {sorted(set(c.versions))} from its backend: its weights "
+                "changed during the batch"
+            )
+        out.append(list(c.versions))
+    return out
+
+
 def rollout_backend(
     config: RLConfig,
     model: PreTrainedModel,
@@ -140,10 +162,23 @@ def vllm_backend(
     folder = Path(str(model.name_or_path))
     if not (folder / "config.json").is_file():
         folder = Path(config.out) / "vllm-policy"
+        # Written aside and renamed into place: the trainer and async rollout workers (spawned
+        # processes) all come here; the first rename wins and the others use its folder (the
+        # weights in it are the set-up's: every engine gets each published version anyway).
+        # A folder of another model (an earlier run in this folder) is replaced.
+        Path(config.out).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".vllm-policy-", dir=config.out))
         # Under an adapter, vLLM loads the base weights under their own names.
         state = split_adapter(model.state_dict())[0] if lora.enabled else None
-        model.save_pretrained(folder, state_dict=state)
-        tokenizer.save_pretrained(folder)
+        model.save_pretrained(staging, state_dict=state)
+        tokenizer.save_pretrained(staging)
+        same = _same_file(folder / "config.json", staging / "config.json")
+        if folder.exists() and not same:
+            shutil.rmtree(folder, ignore_errors=True)
+        try:
+            staging.rename(folder)
+        except OSError:  # already there, written by another process of this run
+            shutil.rmtree(staging, ignore_errors=True)
     cuda = next(model.parameters()).device.type == "cuda"
     dtype = config.model.dtype if config.model.dtype != "auto" else ("auto" if cuda else "float32")
     r = config.rollout
@@ -160,12 +195,49 @@ def vllm_backend(
     )
 
 
+def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
+    """Async modes on vLLM not built yet raise `NotBuiltError` (a `NotImplementedError`).
+
+    Built: `async` on `process` workers, each holding one engine and loading each version
+    between batches. Not built: `partial`, whose segments poll the weight store from a worker
+    thread (`local` only) and which on vLLM would want a sync in the middle of decoding: vLLM
+    0.32's `pause_generation` / `resume_generation` exist on its `AsyncLLM` only, not on the
+    in-process `LLM` the backend drives. `async` on `local` threads: a worker's engine would be
+    a second in-process vLLM engine in the trainer's process (they tear each other's process
+    groups down). On `ray`: actors are processes too, but not wired or tested with vLLM."""
+    if mode == "partial":
+        raise NotBuiltError(
+            "orchestrator.mode: partial is not built for rollout.backend: vllm: it runs on "
+            "orchestrator.backend: local only, where a second in-process vLLM engine cannot live "
+            "beside the trainer's, and vLLM's pause_generation / resume_generation exist on its "
+            "AsyncLLM only, not on the in-process LLM; use orchestrator.mode: async with "
+            "orchestrator.backend: process"
+        )
+    if backend != "process":
+        why = (
+            "a worker thread's vLLM engine cannot share the trainer's process"
+            if backend == "local"
+            else "Ray rollout actors holding vLLM engines are not built yet"
+        )
+        raise NotBuiltError(
+            f"orchestrator.mode: {mode} on rollout.backend: vllm runs on orchestrator.backend: "
+            f"process only (got {backend!r}): {why}"
+        )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
-    prompts run in the synchronous loop only (speculation is refused by the config itself)."""
+    prompts run in the synchronous loop only (speculation is refused by the config itself), and
+    vLLM rollouts run async on worker processes only."""
     mode = config.orchestrator.mode
     if mode == "sync":
         return
+    if config.rollout.backend == "vllm":
+        refuse_unbuilt_vllm(mode, config.orchestrator.backend)
     if is_multi_turn(task):
         raise LeantrainError(
             f"task {config.task.name!r} is multi-turn and needs orchestrator.mode: sync "
@@ -239,7 +311,9 @@ class RolloutSource:
         """`group_size` responses to each of step `step`'s prompts, sampled at `version`,
         scored."""
         examples, completions = self.sample(step)
-        return self.score(examples, completions, version)
+        if all(c.versions is None for c in completions):  # the backend keeps no record
+            return self.score(examples, completions, version)
+        return self.score(examples, completions, sampled_versions(completions, version))
 
     def sample(self, step: int) -> tuple[list[Example], list[Completion]]:
         """Step `step`'s prompts and `group_size` sampled completions of each, prompt-major."""

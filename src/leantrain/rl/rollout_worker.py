@@ -1,6 +1,7 @@
 """A rollout worker: its own copy of the policy and its own rollout engine; given a step index and
 a weight version, it generates and scores that step's batch. The same class runs in a thread
-(rl/async_local.py) or inside a Ray actor (rl/ray_backend.py).
+(rl/async_local.py), a spawned process (rl/async_process.py; with `rollout.backend: vllm` it
+holds the process's one vLLM engine) or inside a Ray actor (rl/ray_backend.py).
 
 Knows nothing about scheduling, buffers or other workers. Two ways to use a version:
 
@@ -27,7 +28,7 @@ from leantrain.generation import Completion
 from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
 from leantrain.rl.config import RLConfig
-from leantrain.rl.rollout import RolloutSource, rollout_backend
+from leantrain.rl.rollout import RolloutSource, rollout_backend, sampled_versions
 from leantrain.tasks import make_task
 from leantrain.telemetry.events import SeqTimeline, SpanTrack
 
@@ -122,7 +123,7 @@ class RolloutWorker:
                 completions, versions, switch_s = self._segments(prompts, seed, newest)
         else:
             examples, completions = self.source.sample(index)
-            versions = [[version] * len(c.response_ids) for c in completions]
+            versions = sampled_versions(completions, version)  # vLLM's own record, checked
         self.faults.strike(index, attempt)
         self.track.enter("score", batch=index)
         trajectories = self.source.score(examples, completions, versions)

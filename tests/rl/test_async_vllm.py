@@ -1,0 +1,188 @@
+"""Async RL on vLLM (`orchestrator.mode: async`, `rollout.backend: vllm`, `orchestrator.backend:
+process`): a spawned worker holds its own vLLM engine and loads each published version between
+batches, so every token of a batch carries that batch's version, as vLLM's own weight-version
+spans report it; a short k=1 GRPO run trains with staleness at most 1 and events that tile.
+What async on vLLM does not run yet is refused by name, and a policy made in memory is saved
+for vLLM once per run folder, however many processes need it.
+
+The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
+must not share a process with the engines other test modules start and free (an engine started
+after one is freed fails). Tests that need vllm skip where it is not installed and fail where
+`CI` is set, as in tests/generation/test_vllm_backend.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from leantrain.rl.config import RLConfig
+from leantrain.settings import load_settings
+
+STEPS = 5
+PROMPTS, GROUP = 4, 4
+
+
+def need_vllm() -> None:
+    """Skip without vllm, but fail in CI, where `make test` installs it."""
+    if importlib.util.find_spec("vllm") is None:
+        message = "vllm is not installed: run `make vllm`"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
+        pytest.skip(message)
+
+
+def _config(out: Path, mode: str, steps: int = STEPS) -> RLConfig:
+    workers = {"orchestrator.backend": "process", "orchestrator.max_staleness": 1}
+    return load_settings(
+        RLConfig,
+        None,
+        **{
+            "model.name": "tiny",
+            "steps": steps,
+            "out": out,
+            "device": "cpu",
+            "task.eval_size": 2,
+            "sampling.max_new_tokens": 48,
+            "grpo.prompts_per_step": PROMPTS,
+            "grpo.group_size": GROUP,
+            "grpo.lr": 1e-3,
+            "checkpoint_every": 100,
+            "rollout.backend": "vllm",
+            "rollout.vllm_max_model_len": 512,
+            "orchestrator.mode": mode,
+            "orchestrator.timeout_s": 300.0,
+            **(workers if mode == "async" else {}),
+        },
+    )
+
+
+def run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
+    """Drive `cfg`'s run step by step (in this process); in async mode, after the first step
+    (the trainer's own batch while the worker boots) wait for the worker, so the later batches
+    are the worker's. One record a step: its wall seconds and each trajectory's set of token
+    versions."""
+    from leantrain.rl.grpo import GRPORun
+    from leantrain.rl.orchestrator import Orchestrator
+
+    run = GRPORun(cfg, progress=False)
+    seen: list[dict[str, Any]] = []
+
+    def log_step(trajectories, stats, **kw):
+        assert all(len(t.versions) == len(t.response_ids) for t in trajectories)
+        seen.append({"versions": [sorted(set(t.versions)) for t in trajectories]})
+        return run.log_step(trajectories, stats, **kw)
+
+    with Orchestrator(cfg, run.learner, run.source, log_step, events=run.folder.events) as o:
+        while run.step < cfg.steps:
+            t0 = time.perf_counter()
+            o.step()
+            seen[-1]["step_s"] = time.perf_counter() - t0
+            if run.step == 1 and cfg.orchestrator.mode == "async":
+                deadline = time.monotonic() + cfg.orchestrator.timeout_s
+                while not o.pool.ready(0):
+                    assert time.monotonic() < deadline, "the vLLM worker never became ready"
+                    time.sleep(0.1)
+    return seen
+
+
+def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
+    """`run_steps(cfg)` in a fresh interpreter (see the module doc)."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "config.json").write_text(cfg.model_dump_json())
+    done = subprocess.run(
+        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return json.loads((cfg.out / "steps.json").read_text())
+
+
+@pytest.mark.slow  # a worker process imports vllm and starts an engine: ~30-60 s on 2 cores
+def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    need_vllm()
+    cfg = _config(tmp_path / "async", "async")
+    steps = run_in_child(cfg)
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    for r, s in zip(records, steps, strict=True):
+        assert math.isfinite(r["loss"]) and r["grad_norm"] >= 0  # 0: every group tied
+        assert r["staleness_max"] <= 1 and r["mixed_version_trajectories"] == 0
+        # Every token of every trajectory carries its batch's version (vLLM's spans, checked
+        # against the version the worker loaded, rl/rollout.py `sampled_versions`).
+        assert s["versions"] == [[r["batch_version"]]] * (PROMPTS * GROUP)
+    assert sum(r["grad_norm"] > 0 for r in records) >= STEPS - 1  # it trains
+    workers = {r["batch_worker"] for r in records[1:]}
+    assert any(w.startswith("process-worker-0.") for w in workers), workers
+    assert max(r["staleness_max"] for r in records) <= 1
+    # events.jsonl: every track tiles its time; each sequence's spans carry its batch version.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_rollout_events import _versions, check_events
+
+    events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
+    seqs = check_events(events, steps=STEPS, size=PROMPTS * GROUP)
+    assert any(track.startswith("process-worker-0.") for track, _, _ in seqs)
+    versions = _versions(seqs)
+    assert versions == {b: {r["batch_version"]} for b, r in enumerate(records)}
+
+
+def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
+    from leantrain.errors import LeantrainError, NotBuiltError
+    from leantrain.rl.rollout import refuse_unsupported
+    from leantrain.tasks import make_task
+
+    task = make_task("arith")
+    example = task.examples(1, 0)[0]
+    cfg = _config(tmp_path, "async")
+    refuse_unsupported(cfg, task, example)  # async on worker processes is built
+    for backend, match in (("local", "cannot share the trainer's process"), ("ray", "Ray")):
+        cfg.orchestrator.backend = backend
+        with pytest.raises(NotImplementedError, match=rf"backend: process only.*{match}"):
+            refuse_unsupported(cfg, task, example)
+    cfg.orchestrator.backend = "local"
+    cfg.orchestrator.mode = "partial"
+    with pytest.raises(NotBuiltError, match=r"partial.*pause_generation") as refused:
+        refuse_unsupported(cfg, task, example)
+    assert isinstance(refused.value, LeantrainError)  # the CLI prints it on one line
+
+
+def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, monkeypatch) -> None:
+    """A policy made in memory is saved for vLLM once per run folder: the trainer and every
+    worker process come to `vllm_backend`, the first rename wins, no staging folder is left,
+    and a folder of another model (an earlier run there) is replaced."""
+    from leantrain.generation import vllm_backend
+    from leantrain.models import load_model
+    from leantrain.rl.rollout import rollout_backend
+    from leantrain.tasks import make_task
+
+    made: list[Path] = []
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "VLLMBackend", lambda folder, **kw: made.append(folder))
+    cfg = _config(tmp_path / "run", "async")
+    model, tok = load_model(cfg.model.name)
+    model.name_or_path = "made-in-memory"
+    folder = cfg.out / "vllm-policy"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")  # another model's
+    for _ in range(2):  # the trainer, then a worker
+        rollout_backend(cfg, model, tok, make_task("arith"))
+    assert made == [folder, folder]
+    saved = load_model(folder)[0].state_dict()
+    assert saved.keys() == model.state_dict().keys()
+    assert [p.name for p in cfg.out.iterdir()] == ["vllm-policy"]
+
+
+if __name__ == "__main__":  # the child of `run_in_child`: python this_file OUT
+    out = Path(sys.argv[1])
+    config = RLConfig.model_validate_json((out / "config.json").read_text())
+    (out / "steps.json").write_text(json.dumps(run_steps(config)))
