@@ -5,18 +5,26 @@ another (`make real-check`).
 
 - `grpo`: `leantrain rl` on `configs/smollm2-arith.yaml`: full fine-tuning on `arith` in its
   chat style (2 or 3 one-digit numbers asked as a question through the model's chat template,
-  answer = the response's last integer). Greedy accuracy on the same 200 held-out problems
-  before and after, wall time and where it went (loading and the two evaluations, generation,
-  training).
+  answer = the response's last integer), full fine-tuning or a LoRA adapter (`--method`).
+  Greedy accuracy on the same 200 held-out problems before and after, wall time and where it
+  went (loading and the evaluations, generation, training). The task has only 810 distinct
+  problems, so some test problems also come up in training: the report counts them and gives
+  the accuracy on the test problems training never drew as well (`unseen_*`).
+- `lars`: `benchmarks/memory.py` on smollm2, LoRA and LARS only: peak step memory at 1024, 2048
+  and 4096 tokens and held-out accuracy after `configs/smollm2-sft.yaml` (`lars_smollm2.json`).
+- `async`: `benchmarks/async_rl.py` on `configs/smollm2-arith.yaml`: sync against async k=1,
+  20 steps each, one repeat (`async_smollm2.json`).
 
-    python benchmarks/real_model.py grpo            # one area: about 45 minutes on 2 cores
-    python benchmarks/real_model.py grpo --steps 2  # a smoke run of the same path
+    python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
+    python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
+    python benchmarks/real_model.py grpo --steps 2      # a smoke run of the same path
     python benchmarks/real_model.py all             # every built area (make real-check)
 
-Writes benchmarks/results/<area>_smollm2.json (grpo: `accuracy_before`, `accuracy_after`, `task`,
-`method`, `model`, and the timings). The other areas of issue 27 (async, ZO time to accuracy,
-LARS, KV routing, unlearning, sandbagging) are not built here yet: asking for one raises
-NotImplementedError.
+Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
+`grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
+`method`, `model`, and the timings; the others: their script's keys plus `model`). The other areas
+of issue 27 (ZO time to accuracy, KV routing, unlearning, sandbagging) are not built here yet:
+asking for one raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -24,9 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +50,41 @@ from leantrain.telemetry.report import write_benchmark_json
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GRPO_CONFIG = ROOT / "configs" / "smollm2-arith.yaml"
-NOT_BUILT = ("async", "zo", "lars", "kv_routing", "unlearning", "sandbagging")
+LORA_LR = 5e-5  # 10x the config's full-weight lr, the usual ratio for an adapter (chosen a priori)
+AREAS = ("grpo", "lars", "async")
+NOT_BUILT = ("zo", "kv_routing", "unlearning", "sandbagging")
+# Areas that are an existing benchmark script on smollm2: its arguments, before `--out`.
+SCRIPTS: dict[str, list[str]] = {
+    "lars": [
+        "benchmarks/memory.py",
+        *("--model", "smollm2-135m", "--lens", "1024", "2048", "4096", "--methods", "lora,lars"),
+    ],
+    "async": [
+        "benchmarks/async_rl.py",
+        *("--config", "configs/smollm2-arith.yaml", "--repeats", "1", "--modes", "sync,k1"),
+    ],
+}
 
 
 def grpo(args: argparse.Namespace) -> dict[str, Any]:
-    """GRPO on smollm2 from `configs/smollm2-arith.yaml`; the run folder is kept under --keep or
-    a temporary folder."""
-    if args.method != "full":
-        raise NotImplementedError(
-            "GRPO with a LoRA adapter is not built (RLConfig has no adapter settings yet); "
-            "issue 27 asks for it beside full fine-tuning"
-        )
+    """GRPO on smollm2 from `configs/smollm2-arith.yaml` (`--method lora`: a LoRA adapter at
+    LORA_LR instead of every weight); the run folder is kept under --keep or a temporary one."""
     overrides: dict[str, Any] = {}
     if args.steps is not None:
         overrides["steps"] = args.steps
+    if args.method == "lora":
+        overrides.update({"lora.enabled": True, "grpo.lr": LORA_LR})
     with tempfile.TemporaryDirectory(prefix="real-grpo-") as tmp:
         overrides["out"] = args.keep or Path(tmp) / "run"
         cfg = load_settings(RLConfig, GRPO_CONFIG, **overrides)
         start = time.perf_counter()
-        summary = GRPORun(cfg).run()  # loads the model, evaluates, trains, evaluates
+        run = GRPORun(cfg)
+        # Test problems that no training step draws (the task has only 810 distinct ones).
+        drawn = {e.prompt for step in range(cfg.steps) for e in run.source.examples(step)}
+        unseen = [e for e in run.test_examples if e.prompt not in drawn]
+        unseen_before = run.evaluate(unseen)
+        summary = run.run()  # evaluates the whole test set, trains, evaluates again
+        unseen_after = run.evaluate(unseen)
         wall = time.perf_counter() - start
         steps = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
     task = cfg.task.options
@@ -67,16 +92,20 @@ def grpo(args: argparse.Namespace) -> dict[str, Any]:
         "model": cfg.model.name,
         "task": f"arith ({task['style']} style, {task['min_items']}-{task['max_items']} one-digit "
         "numbers)",
-        "method": "full",
+        "method": args.method,
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "eval_size": summary["eval_size"],
+        "unseen_eval_size": len(unseen),
+        "unseen_accuracy_before": unseen_before,
+        "unseen_accuracy_after": unseen_after,
         "steps": summary["steps"],
         "prompts_per_step": cfg.grpo.prompts_per_step,
         "group_size": cfg.grpo.group_size,
         "lr": cfg.grpo.lr,
+        "trained_parameters": sum(p.numel() for p in run.model.parameters() if p.requires_grad),
         "seconds_wall": round(wall, 1),
-        # The loop's time, and the rest: loading the model and the two 200-problem evaluations.
+        # The loop's time, and the rest: loading the model and the four evaluations.
         "seconds_loop": summary["seconds_total"],
         "seconds_load_and_eval": round(wall - summary["seconds_total"], 1),
         "seconds_generating": summary["seconds_generating"],
@@ -111,9 +140,21 @@ def show_grpo(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-AREAS: dict[str, tuple[Callable[[argparse.Namespace], dict[str, Any]], Callable[..., None]]] = {
-    "grpo": (grpo, show_grpo),
-}
+def run_script(name: str, out: Path) -> None:
+    """An area that is an existing benchmark script: run it on smollm2, writing `out`; its own
+    table is its output."""
+    command = [sys.executable, *SCRIPTS[name], "--out", str(out)]
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def results_path(name: str, args: argparse.Namespace) -> Path:
+    """Where area `name` writes: --out for one area, else results/<name>_smollm2.json."""
+    if args.out is not None and args.area != "all":
+        return args.out
+    if name == "grpo" and args.method == "lora":
+        return RESULTS / "grpo_lora_smollm2.json"
+    return RESULTS / f"{name}_smollm2.json"
 
 
 def main() -> None:
@@ -128,12 +169,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.area in NOT_BUILT:
         raise NotImplementedError(f"real-model area {args.area!r} is not built yet (issue 27)")
-    names = list(AREAS) if args.area == "all" else [args.area]
+    names = AREAS if args.area == "all" else [args.area]
     for name in names:
-        run, show = AREAS[name]
-        report = run(args)
-        show(report)
-        out = args.out if args.out and len(names) == 1 else RESULTS / f"{name}_smollm2.json"
+        out = results_path(name, args)
+        if name in SCRIPTS:
+            run_script(name, out)
+            continue
+        report = grpo(args)
+        show_grpo(report)
         write_benchmark_json(out, report)
         print(f"wrote {out}")
 

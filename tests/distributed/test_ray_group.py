@@ -172,7 +172,7 @@ def _run_config(cluster, out: Path, **settings) -> RLConfig:
 def test_grpo_run_with_its_learner_on_the_learner_node_and_workers_on_the_rollout_node(
     cluster, tmp_path: Path
 ) -> None:
-    from leantrain.rl.ray_backend import run_learner_group
+    from leantrain.rl.ray_placement import run_learner_group
 
     cfg = _run_config(
         cluster,
@@ -196,7 +196,7 @@ def test_grpo_run_with_its_learner_on_the_learner_node_and_workers_on_the_rollou
 
 
 def test_two_learner_ranks_train_on_the_learner_node(cluster, tmp_path: Path) -> None:
-    from leantrain.rl.ray_backend import run_learner_group
+    from leantrain.rl.ray_placement import run_learner_group
 
     cfg = _run_config(cluster, tmp_path / "run", steps=2, **{"distributed.ray_learner_ranks": 2})
     placed = run_learner_group(cfg)

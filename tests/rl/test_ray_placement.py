@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from leantrain.cli import app
 from leantrain.errors import LeantrainError
 from leantrain.rl.config import RLConfig
-from leantrain.rl.ray_backend import run_learner_group
+from leantrain.rl.ray_placement import run_learner_group
 from leantrain.settings import load_settings
 
 

@@ -137,7 +137,7 @@ def _train_and_report(cfg: RLConfig, *, resume: bool) -> None:
 
 def _train_on_ray_and_report(cfg: RLConfig, *, resume: bool) -> None:
     """The run with its learner ranks (and rollout workers) placed on a Ray cluster."""
-    from leantrain.rl.ray_backend import run_learner_group
+    from leantrain.rl.ray_placement import run_learner_group
 
     quiet_libraries()
     d = cfg.distributed
