@@ -5,6 +5,8 @@ and speculation tests share a random-init tiny Llama (`model`), its byte tokeniz
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,14 @@ def small_rl_config(tiny_path: Path, tmp_path: Path) -> RLConfig:
             "checkpoint_every": 1,
         },
     )
+
+
+@pytest.fixture(scope="session")
+def vllm_installed() -> None:
+    """Skip a test that needs vLLM when it is missing, but fail it in CI, where `make test`
+    installs vLLM: there a vLLM test must run."""
+    if importlib.util.find_spec("vllm") is None:
+        message = "vllm is not installed: run `make vllm`"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
+        pytest.skip(message)

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from typer.testing import CliRunner
 
 from leantrain.cli import app
 from leantrain.cli.tune import step_hooks
-from leantrain.distributed import DataParallelHooks, free_port, leave
+from leantrain.distributed import DataParallelHooks, leave
+from leantrain.distributed.launch import spawn_ranks
 from leantrain.errors import LeantrainError
 from leantrain.memory.config import TuneConfig
 from leantrain.memory.sft import SFTRun
@@ -91,18 +90,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 def two_ranks(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder where rank 0 left each case's weights and run folder."""
     out = tmp_path_factory.mktemp("ranks")
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    codes = spawn_ranks(_rank, (str(out),), JOIN_TIMEOUT_S)
     assert codes == [0, 0]
     return out
 

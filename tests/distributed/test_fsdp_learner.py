@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from leantrain.distributed import RankError, join, leave
-from leantrain.distributed.launch import free_port
+from leantrain.distributed.launch import free_port, spawn_ranks
 from leantrain.rl.config import RLConfig
 from leantrain.rl.learner import Learner
 from leantrain.rl.packing import pack, packed_logprobs
@@ -168,19 +167,7 @@ def _rank_killed(rank: int, port: int, batches: list[list[Trajectory]], out: str
 
 def _spawn(target, batches: list[list[Trajectory]], out: Path) -> list[int | None]:
     """Run `target` on 2 ranks; their exit codes (None: still running after the timeout)."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, port, batches, str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    return codes
+    return spawn_ranks(target, (batches, str(out)), JOIN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

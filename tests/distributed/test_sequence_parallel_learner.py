@@ -23,17 +23,15 @@ and the row split need no second process.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from leantrain.distributed import World, join, leave, shard_row
-from leantrain.distributed.launch import free_port
+from leantrain.distributed.launch import spawn_ranks
 from leantrain.distributed.ulysses import sequence_lengths
 from leantrain.errors import LeantrainError
 from leantrain.rl.config import RLConfig
@@ -176,18 +174,7 @@ def batches() -> list[list[Trajectory]]:
 def two_ranks(batches: list[list[Trajectory]], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder where the 2 ranks left their gradients and stats."""
     out = tmp_path_factory.mktemp("sp")
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, batches, str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
+    codes = spawn_ranks(_rank, (batches, str(out)), JOIN_TIMEOUT_S)
     assert codes == [0, 0]
     return out
 

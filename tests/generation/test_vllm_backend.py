@@ -13,7 +13,6 @@ import importlib.util
 import itertools
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -40,15 +39,6 @@ LOGPROB_TOL = 2e-4
 PROMPTS = ["sum 3 5 2 7\n", "sum 1 2\n", "sum 9 9 9 4\n", "sum 6\n"]
 
 
-def need_vllm() -> None:
-    """Skip without vllm, but fail in CI, where `make test` installs it."""
-    if importlib.util.find_spec("vllm") is None:
-        message = "vllm is not installed: run `make vllm`"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
-        pytest.skip(message)
-
-
 def rollout_events_checks():
     """tests/rl/test_rollout_events.py as a module: the invariants every run's events keep."""
     path = Path(__file__).parents[1] / "rl" / "test_rollout_events.py"
@@ -67,8 +57,7 @@ def policy(tiny_path):
 
 
 @pytest.fixture(scope="module")
-def backend(tiny_path):
-    need_vllm()
+def backend(tiny_path, vllm_installed):
     from leantrain.generation.vllm_backend import VLLMBackend
 
     vllm = VLLMBackend(tiny_path, dtype="float32", max_model_len=512, kv_cache_gib=1)
@@ -240,11 +229,10 @@ def test_missing_vllm_names_the_setting_and_the_make_target(
 
 
 @pytest.fixture(scope="module")
-def lora_policy(tiny_path, tmp_path_factory, backend):
+def lora_policy(tiny_path, tmp_path_factory, backend, vllm_installed):
     """The tiny model with a LoRA adapter injected, and a vLLM engine serving its adapter.
     Module-scoped, like `backend`: an engine freed in this process tears down vLLM's process
     groups, and one started after that fails, so the GRPO run's engine is the last one started."""
-    need_vllm()
     from leantrain.generation.vllm_backend import VLLMBackend
 
     model, tok = load_model(tiny_path)

@@ -13,10 +13,8 @@ after one is freed fails). Tests that need vllm skip where it is not installed a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -30,15 +28,6 @@ from leantrain.settings import load_settings
 
 STEPS = 5
 PROMPTS, GROUP = 4, 4
-
-
-def need_vllm() -> None:
-    """Skip without vllm, but fail in CI, where `make test` installs it."""
-    if importlib.util.find_spec("vllm") is None:
-        message = "vllm is not installed: run `make vllm`"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
-        pytest.skip(message)
 
 
 def _config(out: Path, mode: str, steps: int = STEPS) -> RLConfig:
@@ -108,9 +97,8 @@ def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
 
 @pytest.mark.slow  # a worker process imports vllm and starts an engine: ~30-60 s on 2 cores
 def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
-    tiny_path: Path, tmp_path: Path
+    tiny_path: Path, tmp_path: Path, vllm_installed: None
 ) -> None:
-    need_vllm()
     cfg = _config(tmp_path / "async", "async")
     steps = run_in_child(cfg)
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]

@@ -10,9 +10,7 @@ are module-scoped: each start costs 10-20 s here.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -38,15 +36,6 @@ LOSS_RTOL = 1e-5
 STATES = 4  # the most adapter states one call scores
 
 
-def need_vllm() -> None:
-    """Skip without vllm, but fail in CI, where `make test` installs it."""
-    if importlib.util.find_spec("vllm") is None:
-        message = "vllm is not installed: run `make vllm`"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
-        pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def tiny(tiny_path: Path):
     model, tokenizer = load_model(tiny_path)
@@ -61,7 +50,6 @@ def lora_copy(model):
 
 def backend_for(model, tiny_path: Path, out: Path):
     """A vLLM engine as `zo.backend: vllm` starts it for `model` (the base folder: tiny)."""
-    need_vllm()
     return make_scorer(
         "vllm",
         model=model,
@@ -76,13 +64,13 @@ def backend_for(model, tiny_path: Path, out: Path):
 
 
 @pytest.fixture(scope="module")
-def lora_backend(tiny, tiny_path, tmp_path_factory):
+def lora_backend(tiny, tiny_path, tmp_path_factory, vllm_installed):
     """A vLLM engine serving up to STATES adapters of a LoRA model built like `lora_copy`."""
     return backend_for(lora_copy(tiny[0]), tiny_path, tmp_path_factory.mktemp("zo"))
 
 
 @pytest.fixture(scope="module")
-def weights_backend(tiny, tiny_path, tmp_path_factory):
+def weights_backend(tiny, tiny_path, tmp_path_factory, vllm_installed):
     """A vLLM engine without LoRA: all-parameter states are published to it whole."""
     return backend_for(tiny[0], tiny_path, tmp_path_factory.mktemp("zo-all"))
 
@@ -158,8 +146,9 @@ def test_settings_name_what_the_vllm_backend_cannot_run(monkeypatch, tmp_path) -
         make_scorer("sglang")
 
 
-def test_the_command_runs_on_vllm_and_names_what_it_refuses(tiny_path, tmp_path) -> None:
-    need_vllm()
+def test_the_command_runs_on_vllm_and_names_what_it_refuses(
+    tiny_path, tmp_path, vllm_installed
+) -> None:
     from typer.testing import CliRunner
 
     from leantrain.cli import app

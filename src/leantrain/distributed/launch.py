@@ -1,4 +1,6 @@
-"""Launching a command on N local ranks under torchrun (`torch.distributed.run`).
+"""Launching a command on N local ranks under torchrun (`torch.distributed.run`), or a function
+on N spawned local processes (`spawn_ranks`, for tests and benchmarks that start a process group
+by hand).
 
 `--standalone` gives torchrun a rendezvous on this machine on a free port it picks itself, so two
 runs (or two test sessions) never collide on a fixed one. A rank that dies makes torchrun stop the
@@ -9,10 +11,13 @@ Knows nothing about what the command trains.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def torchrun_command(processes: int, target: Sequence[str]) -> list[str]:
@@ -42,3 +47,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def spawn_ranks(
+    target: Callable[..., None], args: Sequence[Any], timeout_s: float, processes: int = 2
+) -> list[int | None]:
+    """Run `target(rank, port, *args)` in `processes` spawned processes that rendezvous on one
+    free port, and wait up to `timeout_s` for them all; returns their exit codes (None for a
+    process still running at the deadline, which is then killed: never a hang)."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, port, *args)) for rank in range(processes)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return codes
