@@ -161,6 +161,8 @@ def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str)
         torch.save(straight.policy.state_dict(), Path(out) / "straight.pt")
         torch.save(resumed.policy.state_dict(), Path(out) / "resumed.pt")
         torch.save(from_one.policy.state_dict(), Path(out) / "from_one.pt")
+    # Both ranks done before either tears the group down (a run ends on a checkpoint's barrier).
+    torch.distributed.barrier()
     leave()
 
 
