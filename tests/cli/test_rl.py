@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from leantrain.cli import app
 from leantrain.cli.rl import DEMO_SETTINGS, demo_config
 from leantrain.errors import LeantrainError
+from leantrain.models import export_model, load_model
 from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.settings import load_settings
@@ -125,10 +127,18 @@ def test_nproc_per_node_2_equals_one_process(tiny_path: Path, tmp_path: Path) ->
     assert result.stdout.count("leantrain rl") == 1
     one = GRPORun(load_settings(RLConfig, None, out=tmp_path / "one", **settings), progress=False)
     one.run()
-    weights = load_file(two / "checkpoints" / "step-000002" / "model.safetensors")
+    # The 2 ranks' checkpoint is sharded (torch.distributed.checkpoint); evaluation loads it
+    # like any model folder, tokenizer included.
+    checkpoint = two / "checkpoints" / "step-000002"
+    assert (checkpoint / ".metadata").is_file() and not (checkpoint / "model.safetensors").exists()
+    model, tokenizer = load_model(checkpoint, dtype="float32")
+    assert tokenizer.vocab_size == one.tokenizer.vocab_size
     trained = one.learner.model.state_dict()
-    for name, value in weights.items():  # a tied LM head is saved once, as the embedding
+    for name, value in model.state_dict().items():
         assert (value - trained[name]).abs().max() <= 1e-6, name
+    exported = load_file(export_model(checkpoint, tmp_path / "hf") / "model.safetensors")
+    for name, value in exported.items():  # a plain HF folder, for vLLM; tied head saved once
+        assert torch.equal(value, model.state_dict()[name]), name
     records = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert [r["reward"] for r in records] == [r["reward"] for r in one.metrics.read()]

@@ -203,3 +203,5 @@ def test_two_learner_ranks_train_on_the_learner_node(cluster, tmp_path: Path) ->
     assert [p.node_id for p in placed] == [cluster["learner"]] * 2
     assert placed[0].value["steps"] == 2 and placed[1].value == {}  # rank 0 reports
     assert len((cfg.out / "metrics.jsonl").read_text().splitlines()) == 2
+    shards = {p.name for p in (cfg.out / "checkpoints" / "step-000002").glob("__*.distcp")}
+    assert shards == {"__0_0.distcp", "__1_0.distcp"}  # each rank wrote its own

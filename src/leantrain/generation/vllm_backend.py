@@ -86,6 +86,7 @@ import torch
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
+from leantrain.models.loading import is_sharded_checkpoint
 from leantrain.models.lora import split_adapter
 from leantrain.telemetry.events import SeqTimeline, clock
 
@@ -176,6 +177,12 @@ class VLLMBackend:
         folder = Path(model)
         if not (folder / "config.json").is_file():
             raise LeantrainError(f"VLLMBackend needs a Hugging Face model folder; got {folder}")
+        if is_sharded_checkpoint(folder):
+            raise LeantrainError(
+                f"{folder} is a checkpoint written on N ranks (torch.distributed.checkpoint), "
+                "which vLLM cannot read; convert it once with "
+                "leantrain.models.export_model(folder, out) and pass `out`"
+            )
         cpu = not torch.cuda.is_available()
         if dtype == "auto":
             dtype = "float32" if cpu else "bfloat16"

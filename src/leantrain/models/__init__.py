@@ -2,7 +2,15 @@
 `tiny-tools`, `tiny-vl`, `smollm2-135m`)."""
 
 from leantrain.models.chat import encode_prompt
-from leantrain.models.loading import PRESETS, load_model, pick_device, resolve_model_path
+from leantrain.models.loading import (
+    PRESETS,
+    export_model,
+    is_sharded_checkpoint,
+    load_model,
+    load_sharded_weights,
+    pick_device,
+    resolve_model_path,
+)
 from leantrain.models.presets.tiny import ensure_tiny
 from leantrain.settings import leantrain_home
 
@@ -10,8 +18,11 @@ __all__ = [
     "PRESETS",
     "encode_prompt",
     "ensure_tiny",
+    "export_model",
+    "is_sharded_checkpoint",
     "leantrain_home",
     "load_model",
+    "load_sharded_weights",
     "pick_device",
     "resolve_model_path",
 ]

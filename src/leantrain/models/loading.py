@@ -5,13 +5,20 @@ Presets are built locally, never downloaded: `tiny` is trained on first use (mod
 A vision-language folder (a config with a `vision_config`, e.g. the `tiny-vl` preset or any local
 Llava / Qwen2-VL checkpoint) loads as an image-text-to-text model; `load_processor` gives its
 processor (models/vision.py).
+A checkpoint folder written on N ranks (`torch.distributed.checkpoint`: shards plus a
+`.metadata` index, a `config.json` and, from a GRPO run, the tokenizer) loads the same way, its
+shards read into one unsharded model in this process (`load_sharded_weights`), so evaluation
+never has to know which format a folder holds; `export_model` writes it out as a plain
+Hugging Face folder for tools that read only those (vLLM).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -41,6 +48,26 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     return path
 
 
+# What `training.checkpoint` writes on N ranks: torch.distributed.checkpoint's index, written
+# last (by rank 0, once every rank's shards are on disk); the weights are under the key "model".
+SHARDED_INDEX = ".metadata"
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint written on N ranks (torch.distributed.checkpoint)."""
+    return (Path(path) / SHARDED_INDEX).is_file()
+
+
+def load_sharded_weights(path: Path, model: torch.nn.Module) -> None:
+    """Read the weights of the N-rank checkpoint `path` into the unsharded `model`, in place, in
+    this process alone (no process group; DCP reshards any N into one, casting to the model's
+    dtype). Only the weights are read, never the optimizer state beside them."""
+    weights = model.state_dict()
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        dcp.load({"model": weights}, checkpoint_id=path, no_dist=True)
+
+
 def pick_device(device: str = "auto") -> torch.device:
     """`auto` is CUDA when available, else CPU."""
     if device == "auto":
@@ -53,8 +80,8 @@ def pick_device(device: str = "auto") -> torch.device:
 def load_model(
     name_or_path: str | Path = "tiny", *, device: str = "cpu", dtype: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load any local HF causal LM (Llama, Qwen2, ...) or VLM (Llava, ...) or a preset, in eval
-    mode.
+    """Load any local HF causal LM (Llama, Qwen2, ...) or VLM (Llava, ...), a preset, or a
+    checkpoint folder of either format (`training.checkpoint`), in eval mode.
 
     `dtype="auto"` means bfloat16 on CUDA and float32 on CPU.
     """
@@ -64,12 +91,26 @@ def load_model(
         dtype = "bfloat16" if dev.type == "cuda" else "float32"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        vision = is_vision_config(AutoConfig.from_pretrained(path))
-        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-        model = auto.from_pretrained(path, dtype=getattr(torch, dtype))
+        config = AutoConfig.from_pretrained(path)
+        auto = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+        if is_sharded_checkpoint(path):
+            model = auto.from_config(config, dtype=getattr(torch, dtype))
+            load_sharded_weights(path, model)
+        else:
+            model = auto.from_pretrained(path, dtype=getattr(torch, dtype))
     except Exception as e:  # any failure to load is a bad folder: say so in one line
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LeantrainError(f"could not load model from {path}: {first_line}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(dev).eval(), tokenizer
+
+
+def export_model(name_or_path: str | Path, out: Path) -> Path:
+    """Write what `load_model` loads (a checkpoint of either format included) to `out` as a
+    plain Hugging Face folder (`model.safetensors`, config, tokenizer), for tools that read only
+    those (vLLM, `from_pretrained`); returns `out`."""
+    model, tokenizer = load_model(name_or_path, dtype="float32")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return Path(out)

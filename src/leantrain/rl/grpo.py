@@ -335,8 +335,8 @@ class GRPORun:
         the checkpoints at the steps rank 0 writes them."""
         while self.step < self.config.steps:
             self.learner.step(None)
-            if self._checkpoint_due():  # gathers the optimizer state; rank 0 writes
-                self.learner.save(self.out, self.config.keep_checkpoints, {})
+            if self._checkpoint_due():  # writes this rank's shards (rank 0's `ckpt_root`)
+                self.learner.save(self.out / "checkpoints", self.config.keep_checkpoints, {})
         leave()
         return {}
 
@@ -414,4 +414,4 @@ class GRPORun:
 
     def _checkpoint(self) -> None:
         state = {"accuracy_before": self.accuracy_before}
-        self.learner.save(self.ckpt_root, self.config.keep_checkpoints, state)
+        self.learner.save(self.ckpt_root, self.config.keep_checkpoints, state, self.tokenizer)

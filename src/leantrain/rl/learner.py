@@ -17,7 +17,8 @@ one's loss, is exactly the single-process one (bnpo's mean over micro-batches in
 dealt one fewer run a fully masked copy of the smallest (zero loss, zero gradient) so every rank
 runs the same number of FSDP forwards and backwards. FSDP sums the ranks' gradients, and the
 sum is the single-process gradient. Rank 0 keeps an unsharded copy of the weights (`policy`):
-what rollouts sample from, what `publish` returns and what checkpoints hold.
+what rollouts sample from and what `publish` returns. Checkpoints are written shard by shard,
+every rank its own (`training.checkpoint`), never gathered.
 
 Sequence-parallel inside that (`distributed.sequence_parallel_size` P > 1): the ranks form
 world/P groups of P consecutive ranks; micro-batches are dealt to the groups, not the ranks, and
@@ -41,10 +42,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-)
 from torch.distributed.tensor import DTensor
 
 from leantrain.distributed import (
@@ -67,7 +64,11 @@ from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs
 from leantrain.rl.rollout import compute_autocast
 from leantrain.rl.trajectory import Trajectory
-from leantrain.training.checkpoint import load_checkpoint, save_checkpoint
+from leantrain.training.checkpoint import (
+    load_checkpoint,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -356,33 +357,33 @@ class Learner:
             raise RuntimeError(f"rank {self.world.rank} holds no full weights; rank 0 publishes")
         return weights_snapshot(self.policy)
 
-    def save(self, root: Path, keep: int, state: dict[str, Any]) -> Path | None:
-        """Checkpoint weights, optimizer, RNG, the counters and the caller's `state`.
+    def save(
+        self, root: Path, keep: int, state: dict[str, Any], tokenizer: Any = None
+    ) -> Path | None:
+        """Checkpoint weights, optimizer, RNG, the counters and the caller's `state` (and
+        `tokenizer`, so the folder loads whole with `models.load_model`).
 
-        On N ranks every rank calls it: the optimizer state is gathered whole to rank 0, which
-        writes the same single-process checkpoint (so it loads for evaluation anywhere, and
-        on any number of ranks); the others return None."""
-        optimizer_state = self._optimizer_state()
-        path = None
-        if self.policy is not None:
-            state = {**state, "version": self.version}
-            path = save_checkpoint(root, self.steps, self.policy, optimizer_state, state, keep)
-        if self.world.size > 1:  # returns once the checkpoint is on disk, on every rank
-            with self._collective("waiting for rank 0 to write a checkpoint"):
-                dist.barrier()
-        return path
-
-    def _optimizer_state(self) -> dict[str, Any]:
+        One process writes the one-process checkpoint. On N ranks every rank calls it and
+        writes its own shards (torch.distributed.checkpoint); nothing is gathered. Rank 0
+        returns the folder, the others None, every rank once the checkpoint is complete."""
+        state = {**state, "version": self.version}
         if self.world.size == 1:
-            return self.optimizer.state_dict()
-        with self._collective("gathering the optimizer state for a checkpoint"):
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            optimizer_state = self.optimizer.state_dict()
+            return save_checkpoint(
+                root, self.steps, self.model, optimizer_state, state, keep, tokenizer
+            )
+        with self._collective(f"writing checkpoint step {self.steps}"):
+            path = save_sharded_checkpoint(
+                root, self.steps, self.model, self.optimizer, state, keep, tokenizer
+            )
+            dist.barrier()  # rank 0 has renamed it: complete for every rank
+        return path
 
     def load(self, path: Path) -> dict[str, Any]:
         """Resume from checkpoint `path`: weights, optimizer, RNG and counters; returns the
-        state saved with it. On N ranks every rank calls it, on a checkpoint written on N ranks
-        (its optimizer state is keyed by parameter name)."""
+        state saved with it. On N ranks every rank calls it. Either format loads on any number
+        of ranks (`training.checkpoint`); the same continuation as a straight run is checked
+        for the same number (a different one changes how the batch is split, not the math)."""
         if self.world.size == 1:
             state = load_checkpoint(path, self.model, self.optimizer)
         else:
