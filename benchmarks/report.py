@@ -89,6 +89,7 @@ CLAIMS = [
     Claim("noisy-label detection, best method's AUC (full)", "valuation_full.json", "best_auc", ">=", 0.85, "{:.3f}", "issue 8; OpenDataVal's task"),
     Claim("removing the lowest-valued 10% raises test accuracy (full)", "valuation_full.json", "removal_gain_10pct", ">", 0.0, points, "issue 8"),
     Claim("GRPO held-out accuracy gain on smollm2-135m (arith chat, full, 30 steps)", "grpo_smollm2.json", "accuracy_after - accuracy_before", ">=", 0.10, points, "issue 27"),
+    Claim("GRPO held-out accuracy gain on smollm2-135m (arith chat, LoRA r=8, 30 steps)", "grpo_lora_smollm2.json", "accuracy_after - accuracy_before", ">=", 0.10, points, "issue 27"),
     Claim("Visual-ARFT in-domain accuracy gain (quick)", "visual_arft.json", "acc_after - acc_before", ">=", 0.10, points, "Visual-ARFT arXiv 2505.14246"),
     Claim("Visual-ARFT held-out-domain accuracy gain (quick)", "visual_arft.json", "ood_acc_after - ood_acc_before", ">", 0.0, points, "Visual-ARFT arXiv 2505.14246"),
     Claim("Visual-ARFT in-domain accuracy gain (full)", "visual_arft_full.json", "acc_after - acc_before", ">=", 0.10, points, "Visual-ARFT arXiv 2505.14246"),
