@@ -77,6 +77,8 @@ CLAIMS = [
     Claim("ZO engine peak memory / a plain inference forward", "zo_engine.json", "peak_mem_ratio_vs_inference", "<=", 1.1, "{:.2f}x", "issue 5"),
     Claim("ZO engine walks the reference's loss trajectory", "zo_engine.json", "same_losses", "==", True, "{}", "issue 5"),
     Claim("LARS / PEFT LoRA peak step memory at 4096 tokens", "memory.json", "lars_vs_lora_mem_ratio_longest", "<=", 0.67, "{:.3f}", "issue 6; LARS arXiv 2604.22783"),
+    Claim("LARS / PEFT LoRA peak step memory at 4096 tokens (smollm2-135m)", "lars_smollm2.json", "lars_vs_lora_mem_ratio_longest", "<=", 0.67, "{:.3f}", "issue 27; LARS arXiv 2604.22783"),
+    Claim("LARS accuracy minus LoRA's after 30 SFT steps (smollm2-135m)", "lars_smollm2.json", "details.accuracy_lars_minus_lora", ">=", -0.02, points, "issue 27; issue 6's 2-point bound"),
     Claim("Ulysses: largest difference from one process", "ulysses.json", "max_abs_diff_vs_single", "<=", 1e-5, "{:.1e}", "issue 6; tests/distributed/test_ulysses.py"),
     Claim("FSDP learner, 2 ranks: largest weight difference from one process", "distributed.json", "max_abs_diff_2rank", "<=", 1e-6, "{:.1e}", "issue 24; tests/distributed/test_fsdp_learner.py"),
     Claim("FSDP learner: gradient bytes per step / (W-1)/W x 4 x params", "distributed.json", "bytes_ratio_vs_theory", "<=", 1.01, "{:.4f}", "issue 24"),
