@@ -262,6 +262,10 @@ def test_multi_turn_task_refused_with_async_rollouts(small_rl_config: RLConfig) 
 # of the pin. Re-measured on the CI machine's CPU family with the shipped build (the earlier
 # values came from a build made on another CPU, whose last bits differ and whose samples then
 # diverge from step 1); update them only with a change that means to change the recipe, and say so.
+# Losses and rewards are held to 1e-6. A grad norm sums a million float32 squares in an order set
+# by the CPU's vector width: an AMD EPYC (AVX2, where these were measured) and an Intel Xeon
+# (AVX-512) draw the same samples and agree to 1.4e-6 relative at step 4, so grad norms are held
+# to 1e-5 relative; a change to the recipe moves them by far more.
 PINNED_STEPS = [
     (0.0, 0.535627, 0.4875),
     (0.0, 0.990939, 0.2875),
@@ -278,4 +282,6 @@ def test_first_four_steps_are_pinned(small_rl_config: RLConfig) -> None:
     logged = [(r["loss"], r["grad_norm"], r["reward"]) for r in records]
     assert len(logged) == 4
     for step, (got, pinned) in enumerate(zip(logged, PINNED_STEPS, strict=True), start=1):
-        assert got == pytest.approx(pinned, abs=1e-6), f"step {step}"
+        (loss, grad_norm, reward), (pinned_loss, pinned_norm, pinned_reward) = got, pinned
+        assert (loss, reward) == pytest.approx((pinned_loss, pinned_reward), abs=1e-6), step
+        assert grad_norm == pytest.approx(pinned_norm, rel=1e-5), f"step {step}"
