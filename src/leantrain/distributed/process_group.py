@@ -132,8 +132,10 @@ def broadcast(world: World, obj: T) -> T:
 
 
 def leave() -> None:
-    """Destroy the process group, if this process joined one."""
-    if dist.is_initialized():
+    """Destroy the process group, if this process joined one as a rank. A process group that
+    other code made in a single-process run (an in-process vLLM engine makes a world of one)
+    is not ours to destroy: that engine would hold dead groups and the next one would fail."""
+    if launched_by_torchrun() and dist.is_initialized():
         dist.destroy_process_group()
 
 
