@@ -46,11 +46,12 @@ from pathlib import Path
 
 import torch
 
-from leantrain.distributed.launch import free_port
+from leantrain.distributed.launch import spawn_ranks
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "distributed.json"
 WORLD = 2
+RANKS_TIMEOUT_S = 600  # both ranks: every step twice (data-parallel, then SP=2), on shared cores
 TRAJECTORIES = 16
 
 
@@ -124,7 +125,7 @@ def _train(world, steps: int, warmup: int, sequence_parallel: int = 1) -> dict:
     return result
 
 
-def rank_worker(rank: int, port: int, steps: int, warmup: int, out: str) -> None:
+def rank_worker(rank: int, steps: int, warmup: int, out: str) -> None:
     """One of the 2 ranks: the same steps as the single process, counting FSDP's bytes; then
     the same steps again with both ranks sequence-parallel (not counted)."""
     import torch.distributed as dist
@@ -132,13 +133,6 @@ def rank_worker(rank: int, port: int, steps: int, warmup: int, out: str) -> None
     from leantrain.distributed import join, leave
 
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
     world = join(torch.device("cpu"), timeout_s=300)
     sent = {"reduce_scatter": 0, "all_gather": 0}
     counting = {"count": False}
@@ -178,7 +172,6 @@ def main() -> None:
     load = os.getloadavg()[0]  # other work on the shared cores: read the timings with it
     torch.set_num_threads(1)
 
-    import torch.multiprocessing as mp
     from rich.console import Console
     from rich.table import Table
 
@@ -187,7 +180,9 @@ def main() -> None:
     ensure_tiny()  # build the preset once, before the ranks race for it
     one = _train(None, steps, warmup)
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(rank_worker, args=(free_port(), steps, warmup, out), nprocs=WORLD)
+        codes = spawn_ranks(rank_worker, (steps, warmup, out), RANKS_TIMEOUT_S, WORLD)
+        if codes != [0] * WORLD:
+            raise SystemExit(f"a rank failed or ran past {RANKS_TIMEOUT_S} s: exit codes {codes}")
         two = torch.load(Path(out) / "two.pt")
         sp = torch.load(Path(out) / "sp.pt")
 

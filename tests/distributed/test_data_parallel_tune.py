@@ -13,7 +13,6 @@ ranks' gradients: a mean over ranks or a per-rank normalisation is off by far mo
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -66,15 +65,8 @@ def _config(method: str, out: Path) -> TuneConfig:
     )
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def _rank(rank: int, out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
     for method in CASES:
         cfg = _config(method, Path(out) / method)
         hooks = step_hooks(cfg)  # what `torchrun -m leantrain tune` does on every rank

@@ -116,20 +116,13 @@ def _batches() -> list[list[Trajectory]]:
     return batches
 
 
-def _join(rank: int, port: int, timeout_s: float):
+def _join(timeout_s: float):
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
     return join(torch.device("cpu"), timeout_s=timeout_s)
 
 
-def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
-    world = _join(rank, port, timeout_s=60)
+def _rank_train(rank: int, batches: list[list[Trajectory]], out: str) -> None:
+    world = _join(timeout_s=60)
     for case in CASES:
         learner = Learner(_config(case), _model(), torch.device("cpu"), world)
         stats = [learner.step(batch if world.is_main else None) for batch in batches[:STEPS]]
@@ -165,8 +158,8 @@ def _rank_train(rank: int, port: int, batches: list[list[Trajectory]], out: str)
     leave()
 
 
-def _rank_killed(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
-    world = _join(rank, port, timeout_s=30)
+def _rank_killed(rank: int, batches: list[list[Trajectory]], out: str) -> None:
+    world = _join(timeout_s=30)
     learner = Learner(_config("dapo"), _model(), torch.device("cpu"), world)
     if rank == 1:  # dies inside its second micro-batch's forward, mid-step
         import leantrain.rl.learner as learner_module

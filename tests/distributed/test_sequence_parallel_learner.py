@@ -22,7 +22,6 @@ and the row split need no second process.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -142,15 +141,8 @@ def _recording_gradients(learner: Learner) -> list[dict[str, torch.Tensor]]:
     return recorded
 
 
-def _rank(rank: int, port: int, batches: list[list[Trajectory]], out: str) -> None:
+def _rank(rank: int, batches: list[list[Trajectory]], out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
     world = join(torch.device("cpu"), timeout_s=60)
     for case, (family, kv_heads, _) in CASES.items():
         learner = Learner(_config(case, 2), _model(family, kv_heads), torch.device("cpu"), world)

@@ -12,6 +12,7 @@ Knows nothing about what the command trains.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import subprocess
 import sys
@@ -49,15 +50,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _as_rank(
+    target: Callable[..., None], rank: int, processes: int, port: int, args: Sequence[Any]
+) -> None:
+    """A spawned rank's entry: torchrun's environment for `rank`, then `target(rank, *args)`."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(processes),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    target(rank, *args)
+
+
 def spawn_ranks(
     target: Callable[..., None], args: Sequence[Any], timeout_s: float, processes: int = 2
 ) -> list[int | None]:
-    """Run `target(rank, port, *args)` in `processes` spawned processes that rendezvous on one
-    free port, and wait up to `timeout_s` for them all; returns their exit codes (None for a
-    process still running at the deadline, which is then killed: never a hang)."""
+    """Run `target(rank, *args)` in `processes` spawned processes, each with torchrun's
+    environment for its rank and one free rendezvous port (so `process_group.join` works in
+    them as under torchrun), and wait up to `timeout_s` for them all; returns their exit codes
+    (None for a process still running at the deadline, which is then killed: never a hang)."""
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=target, args=(rank, port, *args)) for rank in range(processes)]
+    procs = [
+        ctx.Process(target=_as_rank, args=(target, rank, processes, port, tuple(args)))
+        for rank in range(processes)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s
