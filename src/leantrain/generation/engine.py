@@ -55,6 +55,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
+from leantrain.generation.decoder import LlamaDecoder, supports
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator, verify
@@ -167,6 +168,11 @@ class Engine:
         eos |= set(gen_eos) if isinstance(gen_eos, (list, tuple)) else {gen_eos}
         self.eos_ids = frozenset(int(t) for t in eos if t is not None)
         self._lm_head_input: torch.Tensor | None = None  # set by a hook when capturing hiddens
+        self._capturing = False  # whether forwards return hidden states
+        # Llama-family models decode through the engine's own forward (generation/decoder.py),
+        # others through the transformers one; rebuilt if the model moves device or dtype.
+        self._decoder: LlamaDecoder | None = None
+        self._decoder_key: tuple[torch.device, torch.dtype] | None = None
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load published weights (a state dict) into the model it decodes with; the version is
@@ -230,6 +236,7 @@ class Engine:
             generator.manual_seed(seed)
         seqs = [_Seq(i, [int(t) for t in p], pixels[i]) for i, p in enumerate(prompts)]
         _mark(seqs, "queue")
+        self._prepare_decoder()
         spec = self.speculator
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode())
@@ -470,6 +477,17 @@ class Engine:
             count += 1
         return count
 
+    def _prepare_decoder(self) -> None:
+        """Use the engine's own forward when the model is a supported Llama-family decoder,
+        with its packed weights up to date (weights may have changed since the last call)."""
+        param = next(self.model.parameters())
+        key = (param.device, param.dtype)
+        if key != self._decoder_key:
+            self._decoder = LlamaDecoder(self.model) if supports(self.model) else None
+            self._decoder_key = key
+        if self._decoder is not None:
+            self._decoder.refresh()
+
     @contextlib.contextmanager
     def _capture_lm_head_input(self) -> Iterator[None]:
         """While active, keep the lm_head input of each forward in `self._lm_head_input`.
@@ -488,19 +506,36 @@ class Engine:
             self._lm_head_input = args[0]
 
         handle = head.register_forward_pre_hook(keep_input)
+        self._capturing = True
         try:
             yield
         finally:
             handle.remove()
             self._lm_head_input = None
+            self._capturing = False
 
     def _forward(
-        self, keep: int = 1, **inputs: torch.Tensor
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: RoomyCache,
+        keep: int = 1,
+        pixel_values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One model call: logits (B, keep, V) of the last `keep` positions and, when captured,
-        their hiddens (B, keep, H)."""
+        """One model call on (B, n) `ids` after the cache: logits (B, keep, V) of the last
+        `keep` positions and, when captured, their hiddens (B, keep, H)."""
+        if self._decoder is not None and pixel_values is None:
+            logits, hidden = self._decoder(ids, mask, positions, cache, keep)
+            return logits, hidden if self._capturing else None
         out = self.model(
-            use_cache=True, **({"logits_to_keep": keep} if self._logits_to_keep else {}), **inputs
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **({"logits_to_keep": keep} if self._logits_to_keep else {}),
+            **({"pixel_values": pixel_values} if pixel_values is not None else {}),
+            **{self._cache_kwarg: cache},
         )
         hidden = self._lm_head_input
         return out.logits[:, -keep:], None if hidden is None else hidden[:, -keep:]
@@ -516,13 +551,9 @@ class Engine:
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, T); pads get 0, they are masked
         cache = RoomyCache()
         pixels = [s.pixel_values for s in seqs if s.pixel_values is not None]
+        # Row order: the model fills the image-token positions of the batch in order.
         logits, hidden = self._forward(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            # Row order: the model fills the image-token positions of the batch in order.
-            **({"pixel_values": torch.cat(pixels)} if pixels else {}),
-            **{self._cache_kwarg: cache},
+            ids, mask, position_ids, cache, pixel_values=torch.cat(pixels) if pixels else None
         )
         return _Batch(seqs, cache, mask, lengths), logits[:, -1], _last(hidden)
 
@@ -539,13 +570,8 @@ class Engine:
         None. The cache and mask grow by n columns; `positions` is the caller's to advance."""
         n = ids.shape[1]
         batch.mask = F.pad(batch.mask, (0, n), value=1)  # (B, T + n)
-        return self._forward(
-            keep=n,
-            input_ids=ids,
-            attention_mask=batch.mask,
-            position_ids=batch.positions[:, None] + torch.arange(n, device=ids.device),
-            **{self._cache_kwarg: batch.cache},
-        )
+        positions = batch.positions[:, None] + torch.arange(n, device=ids.device)
+        return self._forward(ids, batch.mask, positions, batch.cache, keep=n)
 
     def _rollback(self, batch: _Batch, fed: int, kept: torch.Tensor) -> None:
         """After `_feed` of `fed` columns, row i keeps the first kept[i] (B,) of them: the rest

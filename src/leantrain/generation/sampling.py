@@ -29,14 +29,36 @@ def sample(
         tokens (B,) int64 and their logprobs (B,) float32: `log_softmax(logits / temperature)` of
         the sampled token before top-k/top-p filtering (temperature 1 when greedy).
     """
-    logits = logits.float()  # bf16 logits: softmax and the logprobs in fp32
-    if params.greedy:
-        tokens = logits.argmax(-1)
-        logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, logprobs
+    if params.greedy or (params.top_k == 0 and params.top_p >= 1):
+        return _sample_plain(logits, params, generator)
     probs, logp = sampling_distribution(logits, params)
     tokens = inverse_cdf(probs, generator)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _sample_plain(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample` without top-k/top-p: one fp32 copy of the logits, worked on in place.
+
+    At batch 64 over a 49k vocabulary every (B, V) fp32 temporary costs about a millisecond
+    (fresh pages), as much as the arithmetic; so z - max is exponentiated in place, and its
+    sum (greedy) or running sum (the CDF to draw from) gives the normaliser of the logprob:
+    logprob = z_token - max - log(sum exp(z - max)), z = logits / temperature.
+    """
+    temperature = 1.0 if params.greedy else params.temperature
+    z = logits.to(torch.float32, copy=True)  # (B, V); copied, since it is changed in place
+    if temperature != 1.0:
+        z.div_(temperature)
+    if params.greedy:
+        top, tokens = z.max(-1)  # the first of tied maxima, as argmax
+        return tokens, -z.sub_(top[:, None]).exp_().sum(-1).log()
+    top = z.amax(-1)
+    cdf = z.sub_(top[:, None]).exp_().cumsum_(-1)
+    tokens = _draw(cdf, generator)
+    # z_token recomputed from the logits: the same fp32 value z held before it was shifted.
+    picked = logits.gather(-1, tokens[:, None]).squeeze(-1).float() / temperature
+    return tokens, picked - top - cdf[:, -1].log()
 
 
 def sampling_distribution(
@@ -76,9 +98,14 @@ def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     """One draw per row of (B, V) `probs` (need not sum to 1): the first token whose cumulative
     mass exceeds a uniform draw scaled to the row's total.
 
-    Needs one random number per row, where `torch.multinomial` (and the exponential race) draw
+    Zero-probability tokens add no step to the CDF, so they are never hit. Needs one random
+    number per row, where `torch.multinomial` (and the exponential race) draw
     per vocabulary entry: 10-20x faster on CPU, where random numbers are slow.
     """
-    cdf = probs.cumsum(-1)  # (B, V); zero-probability tokens add no step, so they are never hit
+    return _draw(probs.cumsum(-1), generator)
+
+
+def _draw(cdf: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Invert (B, V) cumulative mass `cdf` at one uniform draw per row scaled to its total."""
     u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
