@@ -70,7 +70,7 @@ format: $(STAMP)
 
 # Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json), then
 # the claims table of docs/benchmarks.md from the results.
-BENCHMARKS := $(filter-out benchmarks/report.py benchmarks/real_model.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
+BENCHMARKS := $(filter-out benchmarks/report.py benchmarks/real_model.py benchmarks/gpu_check.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
 bench: $(STAMP)
 	set -e; for b in $(BENCHMARKS); do echo "== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b --quick; done
 	$(BIN)/python benchmarks/report.py
