@@ -14,7 +14,8 @@ printed after each:
 
 1. rollout: generated tokens/s of the native `Engine` and of `VLLMBackend` on the same `arith`
    prompts (chat template), all decoding at once, sampled at T=1, bf16 both, the same
-   `max_new_tokens`, median of repeats (`rollout_backends.tokens_per_s`); the largest gap between
+   `max_new_tokens`, median of repeats (`rollout_backends.tokens_per_s`; vLLM eager, the
+   backend's default, so without CUDA graphs: its figure is a floor); the largest gap between
    vLLM's bf16 behaviour logprobs and the trainer's fp32 forward (`rollout_backends.logprob_gap`);
    the seconds a full weight sync into vLLM takes (fp32 master weights, median of 3).
 2. grpo-native, 3. grpo-vllm: the median seconds of a GRPO step (generate + train + publish)
@@ -99,8 +100,8 @@ def build_model(folder: Path, quick: bool) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
     torch.manual_seed(0)
-    # Drawn in fp32 on the CPU, the same on every machine; saved in bf16 (half the bytes to
-    # write and read), which the fp32 learner upcasts exactly.
+    # Drawn in fp32 by the CPU's generator (not the GPU's, whichever the device); saved in bf16
+    # (half the bytes to write and read), which the fp32 trainer and learner upcast exactly.
     model = LlamaForCausalLM(model_config(tokenizer, quick)).to(torch.bfloat16)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -246,8 +247,13 @@ def run_part(name: str, args: argparse.Namespace, timeout_s: float) -> dict[str,
 
 def parse_args() -> argparse.Namespace:
     """The command line; `--part` and the options after it are the parent's to its children."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a smoke run)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cuda: the check; cpu: a smoke run",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="a tiny model, 8 prompts, 16 tokens, 1 repeat"
     )
@@ -258,12 +264,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--grpo-max-new-tokens", type=int, default=128)
     parser.add_argument("--learner-steps", type=int, default=2, help="learner steps on the ranks")
     parser.add_argument(
-        "--ranks", type=int, default=None, help="ranks of the learner check (default: see doc)"
+        "--ranks",
+        type=int,
+        default=None,
+        help="ranks of the learner check (default: 2 with two GPUs or more and on CPU, else 1)",
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: 1 on CPU)"
     )
-    parser.add_argument("--out", type=Path, default=None, help="the JSON (default: see doc)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"the JSON (default: {RESULTS} on cuda, {SMOKE_RESULTS} on cpu)",
+    )
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--part-out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, default=None, help=argparse.SUPPRESS)
@@ -297,8 +311,6 @@ def main() -> None:
         child(args)
         return
     cuda = args.device == "cuda"
-    if args.device not in ("cuda", "cpu"):
-        raise SystemExit(f"--device must be cuda or cpu, got {args.device!r}")
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (a smoke run: --device cpu --quick)")
     if importlib.util.find_spec("vllm") is None:
@@ -366,6 +378,7 @@ def main() -> None:
             + ("tiny: hidden 128, 2 layers" if args.quick else "Llama 3.2 1B shape")
             + ", SmolLM2-135M's tokenizer",
             "dtype": "bfloat16 both backends; trainer fp32 (logprob gap, learner check)",
+            "vllm": "in process, enforce_eager (the backend's default: no CUDA graphs)",
             "task": "arith, chat template",
             "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens,
