@@ -69,8 +69,9 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests benchmarks
 
 # Every claim's --quick run, one after another (each writes benchmarks/results/NAME.json), then
-# the claims table of docs/benchmarks.md from the results.
-BENCHMARKS := $(filter-out benchmarks/report.py benchmarks/real_model.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
+# the claims table of docs/benchmarks.md from the results. gpu_check.py needs a GPU (its CPU
+# smoke run is tests/test_gpu_check.py).
+BENCHMARKS := $(filter-out benchmarks/report.py benchmarks/real_model.py benchmarks/gpu_check.py,$(sort $(wildcard benchmarks/[a-z]*.py)))
 bench: $(STAMP)
 	set -e; for b in $(BENCHMARKS); do echo "== $$b"; HF_HUB_OFFLINE=1 $(BIN)/python $$b --quick; done
 	$(BIN)/python benchmarks/report.py

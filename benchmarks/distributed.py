@@ -55,13 +55,14 @@ RANKS_TIMEOUT_S = 600  # both ranks: every step twice (data-parallel, then SP=2)
 TRAJECTORIES = 16
 
 
-def _config(steps: int, sequence_parallel: int = 1):
+def _config(steps: int, sequence_parallel: int = 1, device: str = "cpu"):
     from leantrain.rl.config import RLConfig
 
     return RLConfig(
         steps=steps,
         distributed={"sequence_parallel_size": sequence_parallel},
-        device="cpu",
+        device=device,
+        model={"dtype": "float32"},  # the learner in fp32 (bf16 autocast on CUDA otherwise)
         grpo={
             "prompts_per_step": TRAJECTORIES // 4,
             "group_size": 4,
@@ -101,15 +102,25 @@ def _batches(steps: int, vocab: int) -> list:
     return batches
 
 
-def _train(world, steps: int, warmup: int, sequence_parallel: int = 1) -> dict:
-    """`warmup` + `steps` learner steps on `world`; rank 0's timings and final weights."""
+def _train(
+    world,
+    steps: int,
+    warmup: int,
+    sequence_parallel: int = 1,
+    model: str = "tiny",
+    device: str = "cpu",
+) -> dict:
+    """`warmup` + `steps` learner steps on `world` (None: one process on `device`); rank 0's
+    timings and final weights (on the CPU). `model`: a preset or a local HF folder
+    (benchmarks/gpu_check.py passes its random-init 1B Llama and CUDA)."""
     from leantrain.models import load_model
     from leantrain.rl.learner import Learner
 
+    where = world.device if world is not None else torch.device(device)
     torch.manual_seed(0)
-    model, tokenizer = load_model("tiny", device="cpu", dtype="float32")
-    config = _config(warmup + steps, sequence_parallel)
-    learner = Learner(config, model, torch.device("cpu"), world)
+    policy, tokenizer = load_model(model, device=str(where), dtype="float32")
+    config = _config(warmup + steps, sequence_parallel, where.type)
+    learner = Learner(config, policy, where, world)
     batches = _batches(warmup + steps, len(tokenizer))
     seconds = []
     for i, batch in enumerate(batches):
@@ -120,7 +131,9 @@ def _train(world, steps: int, warmup: int, sequence_parallel: int = 1) -> dict:
     tokens = sum(len(t.prompt_ids) + len(t.response_ids) for b in batches[warmup:] for t in b)
     result = {"step_s": seconds, "tokens_per_s": tokens / sum(seconds)}
     if learner.policy is not None:
-        result["weights"] = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+        result["weights"] = {
+            k: v.detach().to("cpu", copy=True) for k, v in learner.policy.state_dict().items()
+        }
         result["params"] = sum(p.numel() for p in learner.policy.parameters() if p.requires_grad)
     return result
 

@@ -46,25 +46,37 @@ def tokens_per_s(backend: Any, prompts: list[list[int]], params: Any, repeats: i
 
 
 def logprob_gap(model: Any, completions: list[Any], temperature: float) -> tuple[float, float]:
-    """Max and mean |behaviour logprob - trainer's fp32 forward| over all response tokens."""
+    """Max and mean |behaviour logprob - trainer's fp32 forward| over all response tokens
+    (`model` on any device; benchmarks/gpu_check.py calls it on CUDA)."""
     from leantrain.training.logprobs import token_logprobs
 
+    device = next(model.parameters()).device
     gaps = []
     with torch.inference_mode():
         for c in completions:
-            ids = torch.tensor([c.prompt_ids + c.response_ids])
+            ids = torch.tensor([c.prompt_ids + c.response_ids], device=device)
             logits = model(ids).logits[0, len(c.prompt_ids) - 1 : -1]
-            lp = token_logprobs(logits, torch.tensor(c.response_ids), temperature)
+            response = torch.tensor(c.response_ids, device=device)
+            lp = token_logprobs(logits, response, temperature).float().cpu()
             gaps.append((lp - torch.tensor(c.logprobs)).abs())
     gap = torch.cat(gaps)
     return float(gap.max()), float(gap.mean())
 
 
 def grpo_step_s(
-    backend: str, steps: int, max_new_tokens: int, out: Path, threads: int
+    backend: str,
+    steps: int,
+    max_new_tokens: int,
+    out: Path,
+    threads: int | None,
+    *,
+    model: str = "smollm2-135m",
+    device: str = "cpu",
+    overrides: dict[str, Any] | None = None,
 ) -> tuple[float, float]:
     """Median seconds of a GRPO step (generate + train + publish) on `backend`, and the median
-    weight sync seconds logged by the run."""
+    weight sync seconds logged by the run. `model` is a preset or a local HF folder;
+    `overrides` (dotted settings) win over the defaults here (benchmarks/gpu_check.py)."""
     from leantrain.rl.config import RLConfig
     from leantrain.rl.grpo import GRPORun
     from leantrain.settings import load_settings
@@ -73,19 +85,20 @@ def grpo_step_s(
         RLConfig,
         None,
         **{
-            "model.name": "smollm2-135m",
+            "model.name": model,
             "model.dtype": "bfloat16",
             "rollout.backend": backend,
             "rollout.vllm_max_model_len": 1024,
             "steps": steps,
             "out": out / backend,
-            "device": "cpu",
+            "device": device,
             "threads": threads,
             "task.eval_size": 1,
             "sampling.max_new_tokens": max_new_tokens,
             "grpo.prompts_per_step": 4,
             "grpo.group_size": 4,
             "checkpoint_every": 1000,
+            **(overrides or {}),
         },
     )
     GRPORun(cfg, progress=False).run()

@@ -1,0 +1,80 @@
+"""benchmarks/gpu_check.py, the prepared GPU script of issues 23 and 24, as a CPU smoke run
+(`--device cpu --quick`: a tiny random Llama, both backends, GRPO on each, 2 gloo ranks): every
+key of its JSON is there and sane. No timing is checked; on a GPU the same code runs the 1B model.
+
+Needs vLLM: skipped where it is not installed, failed where `CI` is set (`vllm_installed`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).parents[1]
+KEYS = {
+    "device",
+    "model_params",
+    "tokens_per_s_native",
+    "tokens_per_s_vllm",
+    "vllm_over_native",
+    "grpo_step_s_native",
+    "grpo_step_s_vllm",
+    "weight_sync_s",
+    "logprob_max_abs_gap",
+    "ranks",
+    "dist_backend",
+    "max_abs_diff_ranks",
+    "config",
+}
+
+
+@pytest.mark.slow  # five processes, two of them import vllm: 80-90 s on 2 cores
+@pytest.mark.smollm2  # the tokenizer is the smollm2-135m preset's
+def test_the_cpu_smoke_run_writes_every_key(tmp_path: Path, vllm_installed: None) -> None:
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            *("--device", "cpu", "--quick", "--out", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report.keys() >= KEYS
+    assert report["device"] == "cpu" and 1e6 < report["model_params"] < 1e8
+    assert report["tokens_per_s_native"] > 0 and report["tokens_per_s_vllm"] > 0
+    assert report["vllm_over_native"] == pytest.approx(
+        report["tokens_per_s_vllm"] / report["tokens_per_s_native"]
+    )
+    assert report["grpo_step_s_native"] > 0 and report["grpo_step_s_vllm"] > 0
+    assert report["weight_sync_s"] > 0
+    # vLLM in bf16 against the trainer's fp32 forward: finite and small (2.6e-3 when written).
+    assert math.isfinite(report["logprob_max_abs_gap"]) and report["logprob_max_abs_gap"] < 0.1
+    assert report["ranks"] == 2 and report["dist_backend"] == "gloo"
+    assert report["allreduce_ok"] is True
+    # FSDP over 2 ranks vs 1 process, fp32: float sum order only (3.7e-9 when written).
+    assert report["max_abs_diff_ranks"] < 1e-5
+    assert report["config"]["quick"] is True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_cuda_without_a_gpu_is_refused_by_name() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "--device cuda: no CUDA device here" in done.stderr
