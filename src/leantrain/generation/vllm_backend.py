@@ -149,6 +149,8 @@ class VLLMBackend:
             `score_labels` needs one per adapter state it scores in a call (ZO: 2n).
 
     Attributes:
+        max_model_len: the longest prompt plus response it takes (vLLM's, resolved); a
+            request that reaches it stops with finish reason "length".
         version: the policy version of the weights it holds (0 until the first `load_weights`).
         sync_seconds: seconds each `load_weights` took, prefix-cache reset included.
         adapter: with `lora`, the `LoRARequest` of the last published adapter, which every
@@ -222,6 +224,9 @@ class VLLMBackend:
             )
         self.folder = folder
         self.dtype = dtype
+        # Resolved (None above: the model's context length): what a caller that grows its
+        # prompts, a tool episode, checks its longest context against before it starts.
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.version = 0
         self.sync_seconds: list[float] = []
         self.lora = lora
@@ -282,7 +287,14 @@ class VLLMBackend:
                 max_tokens=params.max_new_tokens,
                 logprobs=0,
                 stop=list(params.stop),
+                # Stop strings end a response as on the native engine: the ids keep the token
+                # that completes one, whole (vLLM cuts only its text after the stop string),
+                # and the match is in text decoded with special tokens kept, as the native
+                # engine decodes its response tails. Skipping them (vLLM's default) would
+                # match "</pyth" <pad> "on>" as "</python>" where the native engine does not,
+                # and a tool episode would take a different turn on each backend.
                 include_stop_str_in_output=True,
+                skip_special_tokens=False,
                 detokenize=bool(params.stop),  # text is needed only to match stop strings
             )
             for i in range(len(prompts))
