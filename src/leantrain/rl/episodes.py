@@ -225,10 +225,11 @@ class EpisodeRunner:
             applies to every turn).
         env: the multi-turn task: tool stop string, `call_tool`, `max_turns`, `episode_tokens`.
         tokenizer: the policy's tokenizer (turns are decoded for the tool, replies encoded with
-            it); None: the native engine's own (`Engine.tokenizer`).
+            it); None: the native engine's own (`Engine.tokenizer`); a backend without one
+            (vLLM) needs it given.
         max_context: the longest context (prompt plus episode) the backend takes, e.g. vLLM's
             `max_model_len`; None: the native engine's KV-cache budget (`max_cache_tokens`,
-            itself None without one).
+            itself None without one), or no limit for a backend without a budget.
     """
 
     def __init__(
@@ -245,9 +246,16 @@ class EpisodeRunner:
             )
         self.engine = engine
         self.env = env
-        self.tokenizer = engine.tokenizer if tokenizer is None else tokenizer
+        tokenizer = getattr(engine, "tokenizer", None) if tokenizer is None else tokenizer
+        if tokenizer is None:
+            raise LeantrainError(
+                f"EpisodeRunner on {type(engine).__name__} needs the policy's tokenizer: the "
+                "backend has none of its own"
+            )
+        self.tokenizer: PreTrainedTokenizerBase = tokenizer
+        # None (no KV budget, no max_context given): contexts are not checked against a limit.
         self.max_context, self._context_setting = (
-            (engine.max_cache_tokens, "max_cache_tokens")
+            (getattr(engine, "max_cache_tokens", None), "max_cache_tokens")
             if max_context is None
             else (max_context, "max_model_len")
         )
