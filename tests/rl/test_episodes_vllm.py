@@ -191,7 +191,7 @@ def test_three_grpo_steps_on_tool_episodes_on_vllm_train_on_policy(
             "task.eval_size": 4,
             "task.options.episode_tokens": 96,
             "sampling.max_new_tokens": 32,
-            "grpo.prompts_per_step": 2,
+            "grpo.prompts_per_step": 4,
             "grpo.group_size": 4,
             "checkpoint_every": 3,
             "rollout.backend": "vllm",
@@ -207,10 +207,11 @@ def test_three_grpo_steps_on_tool_episodes_on_vllm_train_on_policy(
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert sum(r["env_tokens"] for r in records) > 0
+    assert any(r["grad_norm"] > 0 for r in records)  # some group's rewards differed: it trained
     for r in records:
         assert r["weight_sync_s"] > 0
         assert r["active_tokens"] == r["generated_tokens"]  # env tokens are not trained on
-        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"])
         # On-policy through the episodes: vLLM's logprobs of the model's tokens, with the
         # environment's tokens in their context, are what the trainer recomputes.
         assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and r["clip_fraction"] == 0
