@@ -116,6 +116,21 @@ def test_row_i_is_sampled_with_seed_plus_i_however_the_batch_groups(backend, pro
     assert [c.response_ids for c in other] != [c.response_ids for c in grouped]
 
 
+def test_a_batch_longer_than_one_engine_step_samples_with_its_seeds(backend, prompt_ids) -> None:
+    # 40 prompts of 120 tokens: more prompt tokens than vLLM's step budget on CPU (4096). With
+    # chunked prefill, the seeded request cut at the budget failed (vLLM rewinds its generator,
+    # which a CPU generator refuses); whole prefills sample as a batch that fits.
+    long = [(p * 20)[:120] for p in prompt_ids]
+    batch = [long[i % len(long)] for i in range(40)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    completions = backend.generate(batch, params, seed=9)
+    assert all(len(c.response_ids) == 4 for c in completions)
+    for i in (0, 33, 39):
+        assert backend.generate([batch[i]], params, seed=9 + i)[0].response_ids == (
+            completions[i].response_ids
+        )
+
+
 def test_greedy_with_stop_strings_equals_the_native_engine(backend, policy, prompt_ids) -> None:
     model, tok = policy
     engine = Engine(model, tok)

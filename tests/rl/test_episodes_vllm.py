@@ -215,3 +215,15 @@ def test_three_grpo_steps_on_tool_episodes_on_vllm_train_on_policy(
         # On-policy through the episodes: vLLM's logprobs of the model's tokens, with the
         # environment's tokens in their context, are what the trainer recomputes.
         assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and r["clip_fraction"] == 0
+
+
+def test_vision_tool_episodes_are_refused_on_vllm_before_it_starts(tmp_path) -> None:
+    from leantrain.rl.grpo import GRPORun
+
+    cfg = load_settings(
+        RLConfig,
+        "configs/tiny-vl-tools.yaml",
+        **{"out": tmp_path / "run", "device": "cpu", "rollout.backend": "vllm"},
+    )
+    with pytest.raises(LeantrainError, match=r"image prompts: rollout\.backend: vllm takes no"):
+        GRPORun(cfg, progress=False)

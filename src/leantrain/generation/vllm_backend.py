@@ -220,6 +220,13 @@ class VLLMBackend:
                 # Per-request timing for the timeline (RequestOutput.metrics): with it off
                 # vLLM keeps none. Its periodic log lines stay quiet at VLLM_LOGGING_LEVEL.
                 disable_log_stats=False,
+                # On CPU, prefills are never split: a seeded request whose prefill is chunked
+                # (a batch with more prompt tokens than one engine step takes, as a tool
+                # episode's later turns soon have) makes vLLM rewind its generator with
+                # `set_offset`, which a CPU generator refuses ("CPU Generator does not use
+                # offset"). Whole prefills only; vLLM then takes a step's token budget of at
+                # least max_model_len, so every prompt fits one step.
+                enable_chunked_prefill=not cpu,
                 **adapters,
             )
         self.folder = folder
