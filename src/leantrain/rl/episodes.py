@@ -23,9 +23,10 @@ row so far is closed and the next turn starts a new row whose prompt is the whol
 re-rendered; each row trains only on its own sampled tokens (every row of an episode carries the
 episode's reward, so a forked episode weighs more in its group's statistics).
 
-On the native engine each turn re-prefills its contexts (it keeps no cache between calls);
-vLLM's prefix cache reuses the full KV blocks of a context's earlier turns (no weights change
-between the turns of a batch, so none is stale). Images (vision-language models): an
+Each turn re-prefills its contexts on the native engine (it keeps no cache between calls).
+vLLM's prefix cache may serve the full KV blocks of a context's earlier turns (no weights change
+between the turns of a batch), but its blocks are 128 tokens on CPU, longer than the tiny
+presets' contexts: there it serves none (docs/backends.md). Images (vision-language models): an
 episode's prompt images go with its context to every turn's prefill, since each re-prefill
 rebuilds the image features; forking (which re-renders the prompt as text) is not supported
 with images.
