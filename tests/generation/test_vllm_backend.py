@@ -151,12 +151,11 @@ def test_greedy_with_stop_strings_equals_the_native_engine(backend, policy, prom
     assert all(tok.decode(c.response_ids).endswith("+") for c in stopped)
 
 
-def test_a_stop_string_ending_inside_a_token_keeps_that_token_whole_on_both_engines(
-    tmp_path, vllm_installed
-) -> None:
-    """With a BPE vocabulary a stop string can complete inside a token, or across two: both
-    engines end the response with the completing token, whole (its text runs past the stop
-    string), so the ids, logprobs and finish reason agree; vLLM cuts only its own text."""
+@pytest.fixture(scope="module")
+def bpe_policy(tmp_path_factory, vllm_installed):
+    """A small random Llama on SmolLM2's BPE tokenizer (multi-character tokens), saved to a
+    folder, and a vLLM engine on it. Module-scoped: an engine freed while another lives takes
+    vLLM's process groups down with it."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from leantrain.generation.vllm_backend import VLLMBackend
@@ -171,9 +170,21 @@ def test_a_stop_string_ending_inside_a_token_keeps_that_token_whole_on_both_engi
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )  # fmt: skip
     model = LlamaForCausalLM(config).eval()
-    folder = tmp_path / "bpe-llama"
+    folder = tmp_path_factory.mktemp("bpe-llama")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
+    vllm = VLLMBackend(folder, dtype="float32", max_model_len=256, kv_cache_gib=1)
+    yield model, tok, vllm
+    del vllm.llm
+
+
+def test_a_stop_string_ending_inside_a_token_keeps_that_token_whole_on_both_engines(
+    bpe_policy,
+) -> None:
+    """With a BPE vocabulary a stop string can complete inside a token, or across two: both
+    engines end the response with the completing token, whole (its text runs past the stop
+    string), so the ids, logprobs and finish reason agree; vLLM cuts only its own text."""
+    model, tok, vllm = bpe_policy
     texts = ("The quick brown fox", "def main():\n", "Once upon a time", "1, 2, 3,", "Dear Sir")
     prompts = [tok.encode(t) for t in texts]
     engine = Engine(model, tok)
@@ -194,20 +205,16 @@ def test_a_stop_string_ending_inside_a_token_keeps_that_token_whole_on_both_engi
                     found.add(kind)
                     cases.append((prompt, stop, k + 1))
     assert {len(s) for _, s, _ in cases} == {2} and len(cases) >= 4, cases
-    vllm = VLLMBackend(folder, dtype="float32", max_model_len=256, kv_cache_gib=1)
-    try:
-        for prompt, stop, kept in cases:
-            params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,))
-            (ours,) = engine.generate([prompt], params)
-            (theirs,) = vllm.generate([prompt], params)
-            full = free[prompts.index(prompt)].response_ids
-            assert ours.response_ids == full[:kept] and ours.finish_reason == "stop"
-            assert (theirs.response_ids, theirs.finish_reason) == (ours.response_ids, "stop")
-            assert theirs.logprobs == pytest.approx(ours.logprobs, abs=LOGPROB_TOL)
-            text = tok.decode(theirs.response_ids)
-            assert stop in text and not text.endswith(stop)  # the last token runs past it
-    finally:
-        del vllm.llm
+    for prompt, stop, kept in cases:
+        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,))
+        (ours,) = engine.generate([prompt], params)
+        (theirs,) = vllm.generate([prompt], params)
+        full = free[prompts.index(prompt)].response_ids
+        assert ours.response_ids == full[:kept] and ours.finish_reason == "stop"
+        assert (theirs.response_ids, theirs.finish_reason) == (ours.response_ids, "stop")
+        assert theirs.logprobs == pytest.approx(ours.logprobs, abs=LOGPROB_TOL)
+        text = tok.decode(theirs.response_ids)
+        assert stop in text and not text.endswith(stop)  # the last token runs past it
 
 
 def test_greedy_after_a_weight_update_equals_the_trainer_models(

@@ -5,7 +5,8 @@ episode, greedy episodes equal the native engine's turn by turn (the tool stop s
 turn on the same token), and a short GRPO run on tool episodes trains on policy.
 
 Tests that need vllm skip where it is not installed, and fail where `CI` is set. One engine
-serves the module's episode tests; the GRPO run starts its own."""
+serves the module's episode tests; the GRPO run starts its own, after them (an engine freed
+while another lives takes vLLM's process groups down with it)."""
 
 from __future__ import annotations
 
