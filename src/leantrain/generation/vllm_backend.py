@@ -16,6 +16,8 @@ The only module that imports vllm, and only inside functions, so the package imp
   the same either way, its prompt's full KV blocks shared through the prefix cache. Sent one by
   one, each row keeps its own timing: the `RequestOutput` of an `n` > 1 request carries the
   stats of only the child that finished last.
+- Stop strings end a response as on the native engine: on the token that completes one, kept
+  whole, matched in text decoded with special tokens kept (see `generate`).
 - Timeline: each `Completion.timeline` (telemetry/events.py) comes from its request's stats
   (`RequestOutput.metrics`, a `RequestStateStats`, kept only with log stats on, as they are
   here): `queue` at the arrival time, `prefill` when the scheduler first took it, `decode` at
