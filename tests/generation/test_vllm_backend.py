@@ -116,6 +116,21 @@ def test_row_i_is_sampled_with_seed_plus_i_however_the_batch_groups(backend, pro
     assert [c.response_ids for c in other] != [c.response_ids for c in grouped]
 
 
+def test_a_batch_longer_than_one_engine_step_samples_with_its_seeds(backend, prompt_ids) -> None:
+    # 40 prompts of 120 tokens: more prompt tokens than vLLM's step budget on CPU (4096). With
+    # chunked prefill, the seeded request cut at the budget failed (vLLM rewinds its generator,
+    # which a CPU generator refuses); whole prefills sample as a batch that fits.
+    long = [(p * 20)[:120] for p in prompt_ids]
+    batch = [long[i % len(long)] for i in range(40)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=4)
+    completions = backend.generate(batch, params, seed=9)
+    assert all(len(c.response_ids) == 4 for c in completions)
+    for i in (0, 33, 39):
+        assert backend.generate([batch[i]], params, seed=9 + i)[0].response_ids == (
+            completions[i].response_ids
+        )
+
+
 def test_greedy_with_stop_strings_equals_the_native_engine(backend, policy, prompt_ids) -> None:
     model, tok = policy
     engine = Engine(model, tok)
@@ -134,6 +149,72 @@ def test_greedy_with_stop_strings_equals_the_native_engine(backend, policy, prom
     stopped = backend.generate(prompt_ids, SamplingParams(temperature=0.0, stop=("+",)))
     assert {c.finish_reason for c in stopped} == {"stop"}
     assert all(tok.decode(c.response_ids).endswith("+") for c in stopped)
+
+
+@pytest.fixture(scope="module")
+def bpe_policy(tmp_path_factory, vllm_installed):
+    """A small random Llama on SmolLM2's BPE tokenizer (multi-character tokens), saved to a
+    folder, and a vLLM engine on it. Module-scoped: an engine freed while another lives takes
+    vLLM's process groups down with it."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from leantrain.generation.vllm_backend import VLLMBackend
+    from leantrain.models import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=True, initializer_range=0.3, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("bpe-llama")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    vllm = VLLMBackend(folder, dtype="float32", max_model_len=256, kv_cache_gib=1)
+    yield model, tok, vllm
+    del vllm.llm
+
+
+def test_a_stop_string_ending_inside_a_token_keeps_that_token_whole_on_both_engines(
+    bpe_policy,
+) -> None:
+    """With a BPE vocabulary a stop string can complete inside a token, or across two: both
+    engines end the response with the completing token, whole (its text runs past the stop
+    string), so the ids, logprobs and finish reason agree; vLLM cuts only its own text."""
+    model, tok, vllm = bpe_policy
+    texts = ("The quick brown fox", "def main():\n", "Once upon a time", "1, 2, 3,", "Dear Sir")
+    prompts = [tok.encode(t) for t in texts]
+    engine = Engine(model, tok)
+    free = engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=24))
+    # (prompt, stop string, how many response tokens the stop keeps): for each response, its
+    # first token that a stop string of two characters can end inside of, either its own
+    # first two characters (inside) or the previous token's last and its first (across).
+    cases: list[tuple[list[int], str, int]] = []
+    for prompt, c in zip(prompts, free, strict=True):
+        pieces = [tok.decode([t]) for t in c.response_ids]
+        found: set[str] = set()
+        for k in range(1, len(pieces)):
+            if not all(p.isascii() for p in pieces[: k + 1]) or len(pieces[k]) < 3:
+                continue
+            before = "".join(pieces[:k])
+            for kind, stop in (("inside", pieces[k][:2]), ("across", before[-1] + pieces[k][0])):
+                if kind not in found and stop not in before:
+                    found.add(kind)
+                    cases.append((prompt, stop, k + 1))
+    assert {len(s) for _, s, _ in cases} == {2} and len(cases) >= 4, cases
+    for prompt, stop, kept in cases:
+        params = SamplingParams(temperature=0.0, max_new_tokens=24, stop=(stop,))
+        (ours,) = engine.generate([prompt], params)
+        (theirs,) = vllm.generate([prompt], params)
+        full = free[prompts.index(prompt)].response_ids
+        assert ours.response_ids == full[:kept] and ours.finish_reason == "stop"
+        assert (theirs.response_ids, theirs.finish_reason) == (ours.response_ids, "stop")
+        assert theirs.logprobs == pytest.approx(ours.logprobs, abs=LOGPROB_TOL)
+        text = tok.decode(theirs.response_ids)
+        assert stop in text and not text.endswith(stop)  # the last token runs past it
 
 
 def test_greedy_after_a_weight_update_equals_the_trainer_models(
@@ -223,8 +304,9 @@ def test_missing_vllm_names_the_setting_and_the_make_target(
     cfg.rollout.backend = "vllm"
     with pytest.raises(LeantrainError, match=r"rollout\.backend: vllm .* run `make vllm`"):
         rollout_backend(cfg, model, tok, make_task("arith"))
+    # Tool episodes run on vLLM (tests/rl/test_episodes_vllm.py), so they need it too.
     cfg.task.name = "tool_arith"
-    with pytest.raises(LeantrainError, match=r"multi-turn.*rollout\.backend: native"):
+    with pytest.raises(LeantrainError, match=r"rollout\.backend: vllm .* run `make vllm`"):
         rollout_backend(cfg, model, tok, make_task("tool_arith"))
 
 

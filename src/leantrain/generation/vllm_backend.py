@@ -16,6 +16,8 @@ The only module that imports vllm, and only inside functions, so the package imp
   the same either way, its prompt's full KV blocks shared through the prefix cache. Sent one by
   one, each row keeps its own timing: the `RequestOutput` of an `n` > 1 request carries the
   stats of only the child that finished last.
+- Stop strings end a response as on the native engine: on the token that completes one, kept
+  whole, matched in text decoded with special tokens kept (see `generate`).
 - Timeline: each `Completion.timeline` (telemetry/events.py) comes from its request's stats
   (`RequestOutput.metrics`, a `RequestStateStats`, kept only with log stats on, as they are
   here): `queue` at the arrival time, `prefill` when the scheduler first took it, `decode` at
@@ -149,6 +151,8 @@ class VLLMBackend:
             `score_labels` needs one per adapter state it scores in a call (ZO: 2n).
 
     Attributes:
+        max_model_len: the longest prompt plus response it takes (vLLM's, resolved); a
+            request that reaches it stops with finish reason "length".
         version: the policy version of the weights it holds (0 until the first `load_weights`).
         sync_seconds: seconds each `load_weights` took, prefix-cache reset included.
         adapter: with `lora`, the `LoRARequest` of the last published adapter, which every
@@ -218,10 +222,20 @@ class VLLMBackend:
                 # Per-request timing for the timeline (RequestOutput.metrics): with it off
                 # vLLM keeps none. Its periodic log lines stay quiet at VLLM_LOGGING_LEVEL.
                 disable_log_stats=False,
+                # On CPU, prefills are never split: a seeded request whose prefill is chunked
+                # (a batch with more prompt tokens than one engine step takes, as a tool
+                # episode's later turns soon have) makes vLLM rewind its generator with
+                # `set_offset`, which a CPU generator refuses ("CPU Generator does not use
+                # offset"). Whole prefills only; vLLM then takes a step's token budget of at
+                # least max_model_len, so every prompt fits one step.
+                enable_chunked_prefill=not cpu,
                 **adapters,
             )
         self.folder = folder
         self.dtype = dtype
+        # Resolved (None above: the model's context length): what a caller that grows its
+        # prompts, a tool episode, checks its longest context against before it starts.
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.version = 0
         self.sync_seconds: list[float] = []
         self.lora = lora
@@ -282,7 +296,14 @@ class VLLMBackend:
                 max_tokens=params.max_new_tokens,
                 logprobs=0,
                 stop=list(params.stop),
+                # Stop strings end a response as on the native engine: the ids keep the token
+                # that completes one, whole (vLLM cuts only its text after the stop string),
+                # and the match is in text decoded with special tokens kept, as the native
+                # engine decodes its response tails. Skipping them (vLLM's default) would
+                # match "</pyth" <pad> "on>" as "</python>" where the native engine does not,
+                # and a tool episode would take a different turn on each backend.
                 include_stop_str_in_output=True,
+                skip_special_tokens=False,
                 detokenize=bool(params.stop),  # text is needed only to match stop strings
             )
             for i in range(len(prompts))

@@ -2,11 +2,12 @@
 environment tokens, continue.
 
 Each turn, every live episode's context (prompt, then everything appended so far) goes to the
-rollout engine as ids; a turn ends on EOS, on the per-turn `max_new_tokens`, or on the task's
-tool stop string (`</python>`). A tool call is run by the task (`call_tool`, in the sandbox,
-several episodes' calls at once on threads) and its reply is tokenized once and appended with
-loss mask 0: it is in the context, never in the loss. Sampled ids are kept exactly as sampled and
-never decoded and re-encoded on the way to the trainer.
+rollout backend (the native engine or vLLM, through the `Backend` protocol) as ids; a turn ends
+on EOS, on the per-turn `max_new_tokens`, or on the task's tool stop string (`</python>`). A
+tool call is run by the task (`call_tool`, in the sandbox, several episodes' calls at once on
+threads) and its reply is tokenized once and appended with loss mask 0: it is in the context,
+never in the loss. Sampled ids are kept exactly as sampled and never decoded and re-encoded on
+the way to the trainer.
 
 Limits: `max_turns` model turns, and `episode_tokens` tokens after the prompt (generated plus
 environment, over all turns). Why an episode ended is its finish reason: "eos", "stop" (a caller's
@@ -22,8 +23,10 @@ row so far is closed and the next turn starts a new row whose prompt is the whol
 re-rendered; each row trains only on its own sampled tokens (every row of an episode carries the
 episode's reward, so a forked episode weighs more in its group's statistics).
 
-Each turn re-prefills its contexts (the engine keeps no cache between calls); prefix caching
-across turns would remove that cost and is not done here. Images (vision-language models): an
+Each turn re-prefills its contexts on the native engine (it keeps no cache between calls).
+vLLM's prefix cache may serve the full KV blocks of a context's earlier turns (no weights change
+between the turns of a batch), but its blocks are 128 tokens on CPU, longer than the tiny
+presets' contexts: there it serves none (docs/backends.md). Images (vision-language models): an
 episode's prompt images go with its context to every turn's prefill, since each re-prefill
 rebuilds the image features; forking (which re-renders the prompt as text) is not supported
 with images.
@@ -43,7 +46,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
-from leantrain.generation import Capabilities, Completion, Engine, FinishReason, SamplingParams
+from leantrain.generation import Backend, Capabilities, Completion, FinishReason, SamplingParams
 from leantrain.rl.trajectory import EpisodeEndReason, Trajectory
 from leantrain.tasks.rewards import ScoreResult
 from leantrain.tasks.tool_arith import ToolCall, reply_text
@@ -211,15 +214,32 @@ class _Live:
 
 
 class EpisodeRunner:
-    """Runs tool episodes on a rollout engine; a rollout `Backend` itself (`generate` has
+    """Runs tool episodes on a rollout backend; a rollout `Backend` itself (`generate` has
     `Engine.generate`'s signature), so a rollout source uses a runner wherever it uses an engine.
 
+    Every turn goes through the backend's `generate` only (token ids in, sampled ids and their
+    logprobs out, the tool stop string as a stop string), so any `Backend` runs episodes: the
+    native `Engine` or `VLLMBackend`, whose stop strings end a turn exactly as the engine's do.
+
     Args:
-        engine: the rollout engine (its KV-cache budget applies to every turn).
+        engine: the rollout backend every turn samples on (the native engine's KV-cache budget
+            applies to every turn).
         env: the multi-turn task: tool stop string, `call_tool`, `max_turns`, `episode_tokens`.
+        tokenizer: the policy's tokenizer (turns are decoded for the tool, replies encoded with
+            it); None: the native engine's own (`Engine.tokenizer`); a backend without one
+            (vLLM) needs it given.
+        max_context: the longest context (prompt plus episode) the backend takes, e.g. vLLM's
+            `max_model_len`; None: the native engine's KV-cache budget (`max_cache_tokens`,
+            itself None without one), or no limit for a backend without a budget.
     """
 
-    def __init__(self, engine: Engine, env: ToolEnvironment) -> None:
+    def __init__(
+        self,
+        engine: Backend,
+        env: ToolEnvironment,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        max_context: int | None = None,
+    ) -> None:
         if not isinstance(env, ToolEnvironment):
             raise LeantrainError(
                 f"{type(env).__name__} is not a multi-turn task: it needs tool_stop, max_turns, "
@@ -227,7 +247,19 @@ class EpisodeRunner:
             )
         self.engine = engine
         self.env = env
-        self.tokenizer = engine.tokenizer
+        tokenizer = getattr(engine, "tokenizer", None) if tokenizer is None else tokenizer
+        if tokenizer is None:
+            raise LeantrainError(
+                f"EpisodeRunner on {type(engine).__name__} needs the policy's tokenizer: the "
+                "backend has none of its own"
+            )
+        self.tokenizer: PreTrainedTokenizerBase = tokenizer
+        # None (no KV budget, no max_context given): contexts are not checked against a limit.
+        self.max_context, self._context_setting = (
+            (getattr(engine, "max_cache_tokens", None), "max_cache_tokens")
+            if max_context is None
+            else (max_context, "max_model_len")
+        )
         self.chat = ChatToolFormat(self.tokenizer) if self.tokenizer.chat_template else None
         self._stop_window = len(env.tool_stop.encode()) + 1
 
@@ -255,14 +287,15 @@ class EpisodeRunner:
             raise LeantrainError(
                 f"episodes need episode_tokens >= 1 and max_turns >= 1, got {budget}, {max_turns}"
             )
-        kv_budget = self.engine.max_cache_tokens
+        limit = self.max_context
         longest = max((len(p) for p in prompts), default=0)
-        if kv_budget is not None and longest + budget > kv_budget:
+        if limit is not None and longest + budget > limit:
             # A context never outgrows prompt + episode_tokens, so this is checked once, here,
-            # instead of failing in the engine in the middle of a turn.
+            # instead of failing in the engine in the middle of a turn (or, on vLLM, a turn
+            # silently cut at max_model_len).
             raise LeantrainError(
                 f"a {longest}-token prompt plus episode_tokens ({budget}) exceeds the engine's "
-                f"max_cache_tokens ({kv_budget}); lower episode_tokens or raise the budget"
+                f"{self._context_setting} ({limit}); lower episode_tokens or raise the budget"
             )
         fork = self.chat is not None and not self.chat.prefix_preserving
         pixels = [None] * len(prompts) if images is None else list(images)

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
@@ -33,6 +34,9 @@ from leantrain.speculation.long_tail import LongTail
 from leantrain.tasks import Example, Task
 from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.rewards import score_safely
+
+if TYPE_CHECKING:  # the annotation only: `vllm_backend` looks the class up when it is called
+    from leantrain.generation.vllm_backend import VLLMBackend
 
 # Seed streams: training prompts and sampling never share a seed (test problems: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003
@@ -125,16 +129,16 @@ def rollout_backend(
     speculator: Speculator | None = None,
 ) -> Backend:
     """The run's rollout backend on `model`: the engine with the config's batch size and KV
-    budget (and the long tail's `speculator`), inside an `EpisodeRunner` for a tool task; or,
-    with `rollout.backend: vllm`, a vLLM engine on a folder of the same weights. The trainer and
-    every worker build theirs here, so no setting reaches one and not the other."""
+    budget (and the long tail's `speculator`); or, with `rollout.backend: vllm`, a vLLM engine
+    on a folder of the same weights; either inside an `EpisodeRunner` for a tool task. The
+    trainer and every worker build theirs here, so no setting reaches one and not the other."""
     if config.rollout.backend == "vllm":
+        vllm = vllm_backend(config, model, tokenizer)
         if is_multi_turn(task):
-            raise LeantrainError(
-                f"task {config.task.name!r} is multi-turn: tool episodes run on "
-                "rollout.backend: native only"
-            )
-        return vllm_backend(config, model, tokenizer)
+            # Turns go to vLLM as ids and come back as ids; the runner appends the tool's
+            # tokens itself, encoded once with the policy's tokenizer (never vLLM's text).
+            return EpisodeRunner(vllm, task, tokenizer, max_context=vllm.max_model_len)
+        return vllm
     engine = Engine(
         model,
         tokenizer,
@@ -147,7 +151,7 @@ def rollout_backend(
 
 def vllm_backend(
     config: RLConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> Backend:
+) -> VLLMBackend:
     """A `VLLMBackend` on the folder `model` was loaded from (or, for a model made in memory,
     on a copy saved under the run folder). Its weights match `model`'s at set-up; the run
     publishes each version after that (rl/orchestrator.py)."""
@@ -232,7 +236,13 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes only."""
+    vLLM rollouts run async on worker processes only. Image prompts (a vision-language model's
+    task, tool episodes included) are refused on vLLM here, before its engine starts."""
+    if config.rollout.backend == "vllm" and "image" in example.meta:
+        raise LeantrainError(
+            f"task {config.task.name!r} has image prompts: rollout.backend: vllm takes no "
+            "images here; use rollout.backend: native"
+        )
     mode = config.orchestrator.mode
     if mode == "sync":
         return
@@ -255,8 +265,8 @@ class RolloutSource:
 
     Args:
         config: the run config (task, sampling, group size, reward weights, seed).
-        backend: the rollout backend: the `Engine`, an `EpisodeRunner` around it for tool
-            tasks, or another engine; what a setting needs of it is checked here, once.
+        backend: the rollout backend: the `Engine` or `VLLMBackend`, inside an
+            `EpisodeRunner` for tool tasks; what a setting needs of it is checked here, once.
         tokenizer: the policy's tokenizer.
         task: the task that makes prompts and scores responses.
         device: where the policy lives (autocast follows it).
