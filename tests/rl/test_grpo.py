@@ -265,12 +265,15 @@ def test_multi_turn_task_refused_with_async_rollouts(small_rl_config: RLConfig) 
 # Losses and rewards are held to 1e-6. A grad norm sums a million float32 squares in an order set
 # by the CPU's vector width: an AMD EPYC (AVX2, where these were measured) and an Intel Xeon
 # (AVX-512) draw the same samples and agree to 1.4e-6 relative at step 4, so grad norms are held
-# to 1e-5 relative; a change to the recipe moves them by far more.
+# to 1e-5 relative; a change to the recipe moves them by far more. Step 4's grad norm was
+# re-measured (Intel Xeon, 2.083205 -> 2.083182) when the engine's attention began skipping the
+# leading padding columns of each run of rows (generation/decoder.py `_row_spans`): behaviour
+# logprobs moved by about 1e-7, the samples, losses and rewards not at all.
 PINNED_STEPS = [
     (0.0, 0.535627, 0.4875),
     (0.0, 0.990939, 0.2875),
     (0.0, 0.651995, 0.3875),
-    (-0.0, 2.083205, 0.2625),
+    (-0.0, 2.083182, 0.2625),
 ]
 
 

@@ -23,7 +23,9 @@ architectures, LoRA-wrapped linears, sliding windows, images) keep the transform
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -59,17 +61,19 @@ def supports(model: PreTrainedModel) -> bool:
     return type(model.get_output_embeddings()) is torch.nn.Linear
 
 
-class _Projection:
-    """One or more linear layers applied to the same input, returning each one's output.
+class _Linear:
+    """Linear layers on the same input, applied as one: y = x W^T + b with W (and b) the
+    layers' stacked along outputs, optionally with an activation or an elementwise product or
+    sum fused after the matmul.
 
-    Packed (CPU, bf16, oneDNN): the weights are concatenated and reordered once into oneDNN's
-    blocked layout, so a call is one matmul; repacked when any weight's in-place version moves.
-    Otherwise each layer's own weight is used, nothing copied.
+    Packed (CPU, bf16, oneDNN): W is reordered once into oneDNN's blocked layout and the fused
+    op runs in the matmul's epilogue (in fp32, rounded once), so SiLU, the gate product and
+    the residual add cost no pass over memory of their own; repacked when a weight's or bias's
+    in-place version moves. Otherwise the layers' own weights are used, nothing copied.
     """
 
     def __init__(self, linears: Sequence[torch.nn.Linear], packed: bool) -> None:
         self.linears = list(linears)
-        self.sizes = [m.out_features for m in self.linears]
         self.packed = packed
         self._stamp: tuple[int, ...] | None = None
         self._weight: torch.Tensor | None = None
@@ -91,11 +95,30 @@ class _Projection:
             self._bias = None if biases[0] is None else torch.cat(biases)
         self._stamp = stamp
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if not self.packed:
-            return [F.linear(x, m.weight, m.bias) for m in self.linears]
-        out = torch.ops.mkldnn._linear_pointwise(x, self._weight, self._bias, "none", [], "")
-        return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
+    def __call__(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+        """(N, in) -> (N, sum of outs); SiLU applied when `silu`."""
+        if self.packed:
+            act = "swish" if silu else "none"  # oneDNN's swish is SiLU
+            return torch.ops.mkldnn._linear_pointwise(x, self._weight, self._bias, act, [], "")
+        outs = [F.linear(x, m.weight, m.bias) for m in self.linears]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+        return F.silu(y) if silu else y
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """other + linear(x): the residual connection."""
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise.binary(
+                x, other, self._weight, self._bias, "add"
+            )
+        return other + self(x)
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """linear(x) * other: the gated MLP's product."""
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise.binary(
+                x, other, self._weight, self._bias, "mul"
+            )
+        return self(x) * other
 
 
 def _packable(model: PreTrainedModel) -> bool:
@@ -125,26 +148,25 @@ class LlamaDecoder:
         self.model = model
         self.body = model.model
         packed = _packable(model)
-        self.qkv = []
-        self.out = []
-        self.gate_up = []
-        self.down = []
+        self.qkv, self.out, self.gate, self.up, self.down = [], [], [], [], []
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(_Projection([attn.q_proj, attn.k_proj, attn.v_proj], packed))
-            self.out.append(_Projection([attn.o_proj], packed))
-            self.gate_up.append(_Projection([mlp.gate_proj, mlp.up_proj], packed))
-            self.down.append(_Projection([mlp.down_proj], packed))
-        self.head = _Projection([model.get_output_embeddings()], packed)
+            self.qkv.append(_Linear([attn.q_proj, attn.k_proj, attn.v_proj], packed))
+            self.out.append(_Linear([attn.o_proj], packed))
+            self.gate.append(_Linear([mlp.gate_proj], packed))
+            self.up.append(_Linear([mlp.up_proj], packed))
+            self.down.append(_Linear([mlp.down_proj], packed))
+        self.head = _Linear([model.get_output_embeddings()], packed)
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        self.qk_width = (self.heads + self.kv_heads) * self.head_dim
 
     def refresh(self) -> None:
         """Repack any packed weight that changed since the last call (once per `generate`)."""
-        for proj in (*self.qkv, *self.out, *self.gate_up, *self.down, self.head):
-            proj.refresh()
+        for linear in (*self.qkv, *self.out, *self.gate, *self.up, *self.down, self.head):
+            linear.refresh()
 
     def __call__(
         self,
@@ -165,32 +187,103 @@ class LlamaDecoder:
         Returns:
             logits (B, keep, V) and the final-norm hidden states (B, keep, H) that produced them.
         """
-        batch, n = input_ids.shape
-        # Token-major: the linear layers, norms and rotary run on the real tokens only, (N, H);
-        # attention and the cache see the (B, n) grid. A prefill of left-padded prompts of
-        # uneven length skips its padding this way (half the tokens for typical prompt sets).
-        grid = _Grid(attention_mask[:, -n:].bool())
-        x = self.body.embed_tokens(grid.tokens(input_ids))  # (N, H)
-        cos, sin = self.body.rotary_emb(x, grid.tokens(position_ids)[None])  # (1, N, head_dim)
+        return self.feed([Feed(input_ids, attention_mask, position_ids, cache, keep)])[0]
+
+    def feed(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Run several batches, each with its own cache, through one pass of the weights: what
+        `__call__` returns for each feed, in order.
+
+        The engine admits prompts this way: the running batch's decode step and the newcomers'
+        prefill share one forward, so a small batch, whose step is bound by reading the
+        weights, reads them once for both (as vLLM schedules prefill and decode together).
+        """
+        # Token-major: the linear layers, norms and rotary run on the real tokens only, (N, H),
+        # the feeds' tokens one after another; attention and the caches see each feed's (B, n)
+        # grid. A prefill of left-padded prompts of uneven length skips its padding this way.
+        grids = [_Grid(f.attention_mask[:, -f.input_ids.shape[1] :].bool()) for f in feeds]
+        ids = torch.cat([g.tokens(f.input_ids) for g, f in zip(grids, feeds, strict=True)])
+        positions = torch.cat([g.tokens(f.position_ids) for g, f in zip(grids, feeds, strict=True)])
+        x = self.body.embed_tokens(ids)  # (N, H)
+        cos, sin = self.body.rotary_emb(x, positions[None])  # (1, N, head_dim)
         cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads
-        mask = _attention_mask(attention_mask, n)  # (B, 1, n, T) bool
+        masks = [_attention_mask(f.attention_mask, f.input_ids.shape[1]) for f in feeds]
+        spans = [_row_spans(f.attention_mask) for f in feeds]
+        bounds = list(itertools.accumulate((g.count for g in grids), initial=0))
         for i, layer in enumerate(self.body.layers):
             h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
-            q, k, v = self.qkv[i](h)  # (N, heads * head_dim), (N, kv_heads * head_dim) x 2
-            q = _rotate(q.view(-1, self.heads, self.head_dim), cos, sin)
-            k = _rotate(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
-            q, k, v = (grid.heads_first(t.view(t.shape[0], -1, self.head_dim)) for t in (q, k, v))
-            k, v = cache.update(k, v, i)  # (B, kv_heads, T, head_dim)
-            a = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=self.head_dim**-0.5, enable_gqa=True
-            )  # (B, heads, n, head_dim)
-            x = x + self.out[i](grid.tokens(a.transpose(1, 2).reshape(batch, n, -1)))[0]
+            qkv = self.qkv[i](h)  # (N, (heads + 2 kv_heads) * head_dim)
+            qk = qkv[:, : self.qk_width].view(-1, self.heads + self.kv_heads, self.head_dim)
+            qk = _rotate(qk, cos, sin)  # queries and keys rotated in one pass
+            v = qkv[:, self.qk_width :].view(-1, self.kv_heads, self.head_dim)
+            outs = []
+            for f, grid, mask, runs, lo, hi in zip(
+                feeds, grids, masks, spans, bounds, bounds[1:], strict=False
+            ):
+                q = grid.heads_first(qk[lo:hi, : self.heads])  # (B, heads, n, head_dim)
+                k = grid.heads_first(qk[lo:hi, self.heads :])
+                k, v_all = f.cache.update(k, grid.heads_first(v[lo:hi]), i)  # (B, kv, T, d)
+                a = self._attend(q, k, v_all, mask, runs)  # (B, heads, n, head_dim)
+                outs.append(grid.tokens(a.transpose(1, 2).flatten(2)))
+            x = self.out[i].add(torch.cat(outs) if len(outs) > 1 else outs[0], x)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
-            gate, up = self.gate_up[i](h)
-            x = x + self.down[i](F.silu(gate) * up)[0]
-        last = grid.grid(x)[:, -keep:]  # (B, keep, H); rows are right-aligned, so all real
-        hidden = _rms_norm(last, self.body.norm.weight, self.eps)
-        return self.head(hidden)[0], hidden
+            x = self.down[i].add(self.up[i].mul(h, self.gate[i](h, silu=True)), x)
+        # Each feed's last `keep` positions (rows are right-aligned, so all real), (B, keep, H).
+        lasts = [
+            g.grid(x[lo:hi])[:, -f.keep :]
+            for f, g, lo, hi in zip(feeds, grids, bounds, bounds[1:], strict=False)
+        ]
+        hidden = _rms_norm(
+            torch.cat([t.flatten(0, 1) for t in lasts]), self.body.norm.weight, self.eps
+        )
+        logits = self.head(hidden)  # (sum of B * keep, V): one pass over the head for all
+        sizes = [t.shape[0] * t.shape[1] for t in lasts]
+        return [
+            (lg.view(*t.shape[:2], -1), hd.view(t.shape))
+            for lg, hd, t in zip(logits.split(sizes), hidden.split(sizes), lasts, strict=True)
+        ]
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        runs: list[tuple[int, int, int]],
+    ) -> torch.Tensor:
+        """Grouped-query attention of (B, heads, n, d) queries over (B, kv_heads, T, d) keys
+        and values under (B, 1, n, T) `mask`, each run of rows from its first used column."""
+        return torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q[lo:hi],
+                    k[lo:hi, :, start:],
+                    v[lo:hi, :, start:],
+                    attn_mask=mask[lo:hi, ..., start:],
+                    scale=self.head_dim**-0.5,
+                    enable_gqa=True,
+                )
+                for lo, hi, start in runs
+            ]
+        )
+
+
+@dataclass
+class Feed:
+    """One batch for `LlamaDecoder.feed`: (B, n) `input_ids` after each row's cache.
+
+    Attributes:
+        input_ids: (B, n) tokens, left-padded where rows differ in length.
+        attention_mask: (B, T) long over cache columns plus the n new ones (1 = real token).
+        position_ids: (B, n) positions of the new tokens.
+        cache: the batch's KV cache; grows by n columns.
+        keep: how many last positions get logits.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cache: RoomyCache
+    keep: int
 
 
 class _Grid:
@@ -200,6 +293,7 @@ class _Grid:
     def __init__(self, real: torch.Tensor) -> None:
         self.shape = real.shape  # (B, n)
         self.index = None if bool(real.all()) else real.flatten().nonzero().squeeze(1)  # (N,)
+        self.count = real.numel() if self.index is None else self.index.numel()  # N
 
     def tokens(self, t: torch.Tensor) -> torch.Tensor:
         """(B, n, ...) -> (N, ...)."""
@@ -228,6 +322,23 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+def _row_spans(columns: torch.Tensor, parts: int = 4) -> list[tuple[int, int, int]]:
+    """Split the rows into up to `parts` contiguous runs, each with the first cache column one
+    of its rows uses: attention reads each run's keys and values from there on.
+
+    Rows are right-aligned, so a short row's left padding spans the columns before its first
+    token; over a batch of uneven prompts much of the cache can be padding, and decode
+    attention is bound by reading the cache. Rows of one prompt's group (GRPO) sit together,
+    so a run's padding is mostly cut. (`columns`: (B, T) mask.)
+    """
+    rows = columns.shape[0]
+    if rows < 2 * parts:
+        return [(0, rows, 0)]
+    first = columns.argmax(-1).tolist()  # first real column of each row
+    bounds = [rows * p // parts for p in range(parts + 1)]
+    return [(lo, hi, min(first[lo:hi])) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _attention_mask(columns: torch.Tensor, n: int) -> torch.Tensor:

@@ -55,7 +55,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
-from leantrain.generation.decoder import LlamaDecoder, supports
+from leantrain.generation.decoder import Feed, LlamaDecoder, supports
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator, verify
@@ -322,12 +322,13 @@ class Engine:
         forced: tuple[torch.Tensor, torch.Tensor] | None = None
         stop_window = max((len(s.encode()) for s in params.stop), default=0) + 1
         phase = "decode"  # telemetry: decode or speculate, marked on the live rows as it changes
+        # With the engine's own forward (and no speculator), prompts join the running batch
+        # inside its next decode forward (`_decode`); otherwise each admission is a prefill
+        # forward of its own, here, before sampling.
+        fused = self._decoder is not None and self.speculator is None
         while True:
-            live = batch.seqs if batch else []
-            free = self.max_batch_size - len(live)
-            if queue and free >= min(self.min_admit, len(queue)):
-                admit = self._admissible(live, queue, free, params.max_new_tokens)
-                newcomers = [queue.popleft() for _ in range(admit)]
+            if batch is None or not fused:
+                newcomers = self._admit(queue, batch.seqs if batch else [], params.max_new_tokens)
             else:
                 newcomers = []
             if newcomers:
@@ -379,7 +380,8 @@ class Engine:
                     batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
                 )
                 continue
-            logits, hidden = self._decode(batch, tokens)
+            joining = self._admit(queue, batch.seqs, params.max_new_tokens) if fused else []
+            logits, hidden = self._decode(batch, tokens, joining)
             forced = None
             if k is not None:  # a plain step the speculator times (the bandit's k = 0 arm)
                 self.speculator.record(emitted=len(keep))
@@ -462,6 +464,14 @@ class Engine:
             seq.timeline.mark(clock(), "done", len(seq.response_ids))
         return seq.finish_reason is None
 
+    def _admit(self, queue: deque[_Seq], live: list[_Seq], max_new: int) -> list[_Seq]:
+        """Take the queued sequences that join `live` now: none until a quarter of the slots
+        are free (or the queue fits), then as many as `_admissible` allows, in queue order."""
+        free = self.max_batch_size - len(live)
+        if not queue or free < min(self.min_admit, len(queue)):
+            return []
+        return [queue.popleft() for _ in range(self._admissible(live, queue, free, max_new))]
+
     def _admissible(self, live: list[_Seq], queue: deque[_Seq], free: int, max_new: int) -> int:
         """How many queued sequences, from the front, may join `live` now: at most `free`, and
         under `max_cache_tokens` the padded cache, rows x max(prompt + max_new_tokens), must fit
@@ -542,6 +552,21 @@ class Engine:
 
     def _prefill(self, seqs: list[_Seq]) -> tuple[_Batch, torch.Tensor, torch.Tensor | None]:
         """Run the prompts of `seqs` left-padded in one forward into a fresh cache."""
+        new, ids, position_ids = self._new_rows(seqs)
+        pixels = [s.pixel_values for s in seqs if s.pixel_values is not None]
+        # Row order: the model fills the image-token positions of the batch in order.
+        logits, hidden = self._forward(
+            ids,
+            new.mask,
+            position_ids,
+            new.cache,
+            pixel_values=torch.cat(pixels) if pixels else None,
+        )
+        return new, logits[:, -1], _last(hidden)
+
+    def _new_rows(self, seqs: list[_Seq]) -> tuple[_Batch, torch.Tensor, torch.Tensor]:
+        """`seqs` as a batch with an empty cache, and the (n, T) left-padded prompt ids and
+        their position ids that fill it."""
         width = max(len(s.prompt_ids) for s in seqs)
         # Pad id 0 is arbitrary: padded columns are masked out and never attended to.
         ids = torch.tensor([[0] * (width - len(s.prompt_ids)) + s.prompt_ids for s in seqs])
@@ -549,21 +574,33 @@ class Engine:
         mask = (torch.arange(width) >= width - lengths[:, None]).long()  # (n, T), right-aligned
         ids, mask, lengths = ids.to(self.device), mask.to(self.device), lengths.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, T); pads get 0, they are masked
-        cache = RoomyCache()
-        pixels = [s.pixel_values for s in seqs if s.pixel_values is not None]
-        # Row order: the model fills the image-token positions of the batch in order.
-        logits, hidden = self._forward(
-            ids, mask, position_ids, cache, pixel_values=torch.cat(pixels) if pixels else None
-        )
-        return _Batch(seqs, cache, mask, lengths), logits[:, -1], _last(hidden)
+        return _Batch(seqs, RoomyCache(), mask, lengths), ids, position_ids
 
     def _decode(
-        self, batch: _Batch, tokens: torch.Tensor
+        self, batch: _Batch, tokens: torch.Tensor, joining: list[_Seq]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed each row's last sampled token (B,); the cache and mask grow by one column."""
-        logits, hidden = self._feed(batch, tokens[:, None])
+        """Feed each row's last sampled token (B,); the cache and mask grow by one column.
+        `joining` sequences are prefilled in the same forward (the engine's own forward only)
+        and appended to the batch: logits (B + joining, V) and hiddens come back for all."""
+        if not joining:
+            logits, hidden = self._feed(batch, tokens[:, None])
+            batch.positions = batch.positions + 1
+            return logits[:, -1], _last(hidden)
+        _mark(joining, "prefill")
+        new, ids, position_ids = self._new_rows(joining)
+        batch.mask = F.pad(batch.mask, (0, 1), value=1)  # (B, T + 1)
+        running, prefilled = self._decoder.feed(
+            [
+                Feed(tokens[:, None], batch.mask, batch.positions[:, None], batch.cache, 1),
+                Feed(ids, new.mask, position_ids, new.cache, 1),
+            ]
+        )
         batch.positions = batch.positions + 1
-        return logits[:, -1], _last(hidden)
+        batch.extend(new)
+        _mark(joining, "decode")
+        logits = torch.cat([running[0][:, -1], prefilled[0][:, -1]])
+        hidden = torch.cat([running[1][:, -1], prefilled[1][:, -1]]) if self._capturing else None
+        return logits, hidden
 
     def _feed(self, batch: _Batch, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed (B, n) tokens after each row's cache: logits (B, n, V), hiddens (B, n, H) or
