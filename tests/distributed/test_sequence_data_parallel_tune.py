@@ -6,10 +6,12 @@ torchrun (`cli.tune.step_hooks`), runs 2 steps of `SFTRun` on the tiny model (4 
 inside the all-to-all), and rank 0 saves its evaluation copy's weights (the trained ones,
 gathered) and the run folder. This process runs one process on the same global batches and
 compares. The batch of 4 rows goes 2 rows to each group, in 2 chunks of 1 row, and each rank of a
-group scores half of every row's positions; one process runs 2 chunks of 2 rows. So equality
-holds only if the loss is divided by the whole batch's labelled tokens (not a group's, nor a
-rank's, nor counted twice by a group's 2 ranks), labels are shifted before the row is split, and
-FSDP sums all 4 ranks' gradients; any of those wrong is off by orders of magnitude more.
+group scores half of every row's positions; one process runs 2 chunks of 2 rows. Both runs go
+once in fp32 and once with the model in float64. Equality holds only if the loss is divided by
+the whole batch's labelled tokens (not a group's, nor a rank's, nor counted twice by a group's 2
+ranks), labels are shifted before the row is split, and FSDP sums all 4 ranks' gradients: a
+token or row in the wrong place moves the weights, and a uniform scale (which AdamW's update
+would hide) moves the logged grad_norm, far beyond either bound.
 
 The refusals (a sequence-parallel size that does not divide the ranks, the model's heads, or
 groups that do not divide the batch) need no second process.
