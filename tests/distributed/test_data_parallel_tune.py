@@ -142,10 +142,3 @@ def test_torchrun_settings_that_disagree_are_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(LeantrainError, match=r"WORLD_SIZE='two' is not an integer"):
         step_hooks(TuneConfig(batch_size=6))
-
-
-def test_sequence_and_data_parallel_together_are_refused() -> None:
-    args = ["tune", "--nproc-per-node", "2", "--sequence-parallel", "2", "--device", "cpu"]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 2
-    assert "--sequence-parallel 2 with --nproc-per-node 2" in result.output

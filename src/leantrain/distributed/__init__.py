@@ -24,6 +24,7 @@ from leantrain.distributed.ray_group import Placed, run_group
 from leantrain.distributed.sequence import (
     SequenceParallelHooks,
     all_reduce_grads,
+    check_model,
     check_ranks,
     gather_owned,
     sequence_group,
@@ -51,6 +52,7 @@ __all__ = [
     "balanced_split",
     "broadcast",
     "check_heads",
+    "check_model",
     "check_ranks",
     "collective",
     "data_parallel_backward",

@@ -23,13 +23,14 @@ class DistributedConfig(Strict):
     sequence_parallel_size: int = Field(
         1,
         ge=1,
-        description="Ranks that split each packed micro-batch's row between them (Ulysses "
-        "sequence parallelism: two all-to-alls around every attention, each rank holding 1/P of "
-        "the tokens' activations); the ranks form world/P data-parallel groups. 1: plain data "
-        "parallelism. Trades a little communication per layer for activation memory that no "
-        "longer grows with the whole row on one rank: raise it when one micro-batch's "
-        "activations do not fit. Must divide the number of ranks and the model's attention "
-        "heads; Llama/Qwen2-style models (GQA included), text only.",
+        description="Ranks that split each sequence between them (Ulysses sequence "
+        "parallelism: two all-to-alls around every attention, each rank holding 1/P of the "
+        "tokens' activations): each packed micro-batch's row in `rl`, each row of a chunk in "
+        "`tune` (`--sequence-parallel` sets it); the ranks form world/P data-parallel groups. "
+        "1: plain data parallelism. Trades a little communication per layer for activation "
+        "memory that no longer grows with the whole row on one rank: raise it when one "
+        "micro-batch's activations do not fit. Must divide the number of ranks and the "
+        "model's attention heads; Llama/Qwen2-style models (GQA included), text only.",
     )
     ray_learner_resource: str | None = Field(
         None,

@@ -29,6 +29,7 @@ from leantrain.distributed import ulysses
 from leantrain.distributed.process_group import World
 from leantrain.errors import LeantrainError
 from leantrain.models.finetune import IGNORE
+from leantrain.models.vision import is_vision_config
 
 T = TypeVar("T")
 
@@ -61,6 +62,29 @@ def check_ranks(ranks: int, size: int, setting: str) -> None:
         raise LeantrainError(
             f"{setting} = {size} must divide the number of ranks ({ranks}); launch a "
             f"multiple of {size} ranks (`--nproc-per-node`) or lower {setting}"
+        )
+
+
+def check_model(model: torch.nn.Module, size: int, setting: str) -> None:
+    """A LeantrainError naming `setting` when Ulysses cannot split `model`'s sequences over
+    `size` ranks: a vision-language model, attention outside transformers' attention interface,
+    a head count `size` does not divide, or sliding-window layers. Needs no other rank, so every
+    rank refuses the same model before any collective."""
+    if is_vision_config(model.config):
+        raise LeantrainError(
+            f"{setting} = {size} trains text-only models; {type(model).__name__} is a "
+            "vision-language model, whose image tokens are not split across ranks yet"
+        )
+    if not getattr(model, "_supports_attention_backend", False):
+        raise LeantrainError(
+            f"{setting} = {size} needs a model whose attention goes through transformers' "
+            f"attention interface (Llama, Qwen2, ...); {type(model).__name__} does not"
+        )
+    ulysses.check_heads(model.config.num_attention_heads, size, setting)
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+        raise LeantrainError(
+            f"{setting} = {size} needs full attention in every layer; this model has "
+            "sliding-window layers (Qwen2's use_sliding_window), which Ulysses does not split"
         )
 
 
@@ -169,15 +193,22 @@ class SequenceParallelHooks:
     """Step hooks for an SFT loop (`leantrain.memory.sft.StepHooks`'s members): backward through
     Ulysses attention over `group`, rank 0 evaluates and writes."""
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None = None,
+        setting: str = "distributed.sequence_parallel_size",
+    ) -> None:
+        """`setting` names the group's size in the errors of a model it cannot split."""
         self.group = group
+        self.setting = setting
         self.is_main = dist.get_rank(group) == 0
         self.pad_id = 0
         self.previous = "sdpa"
 
     def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        """Check the head count and switch `model`'s attention to Ulysses over the group."""
-        ulysses.check_heads(model.config.num_attention_heads, dist.get_world_size(self.group))
+        """Refuse a model Ulysses cannot split (`check_model`), then switch `model`'s attention
+        to Ulysses over the group."""
+        check_model(model, dist.get_world_size(self.group), self.setting)
         self.pad_id = tokenizer.pad_token_id
         self.previous = model.config._attn_implementation
         model.set_attn_implementation(ulysses.register(self.group))

@@ -16,9 +16,9 @@ Knows nothing about how several processes split the work: a multi-process launch
 `StepHooks` object (which rows of each batch this rank trains on, its backward with whatever
 communication that needs, how the trained weights reach the main rank; only the main rank
 evaluates and writes). That is how
-`leantrain tune --nproc-per-node N` (data parallel, `distributed.DataParallelHooks`) and
-`--sequence-parallel P` (Ulysses, `distributed.SequenceParallelHooks`) compose this loop with
-`leantrain.distributed`.
+`leantrain tune --nproc-per-node N` (data parallel, `distributed.DataParallelHooks`, over
+sequence-parallel groups with `--sequence-parallel P` too) and `--sequence-parallel P` alone
+(Ulysses, `distributed.SequenceParallelHooks`) compose this loop with `leantrain.distributed`.
 """
 
 from __future__ import annotations

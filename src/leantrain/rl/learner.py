@@ -48,7 +48,7 @@ from leantrain.distributed import (
     World,
     balanced_split,
     broadcast,
-    check_heads,
+    check_model,
     collective,
     full_state_dict,
     register,
@@ -56,9 +56,7 @@ from leantrain.distributed import (
     shard,
     single,
 )
-from leantrain.errors import LeantrainError
 from leantrain.generation.backend import weights_snapshot
-from leantrain.models.vision import is_vision_config
 from leantrain.rl.config import RLConfig
 from leantrain.rl.losses import correction_inputs, group_advantages, policy_loss
 from leantrain.rl.packing import PackedBatch, loss_context, micro_batches, pack, packed_logprobs
@@ -155,22 +153,7 @@ class Learner:
         if size == 1:
             return None
         setting = "distributed.sequence_parallel_size"
-        if is_vision_config(model.config):
-            raise LeantrainError(
-                f"{setting} = {size} trains text-only models; {type(model).__name__} is a "
-                "vision-language model, whose image tokens are not split across ranks yet"
-            )
-        if not getattr(model, "_supports_attention_backend", False):
-            raise LeantrainError(
-                f"{setting} = {size} needs a model whose attention goes through transformers' "
-                f"attention interface (Llama, Qwen2, ...); {type(model).__name__} does not"
-            )
-        check_heads(model.config.num_attention_heads, size, setting)
-        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
-            raise LeantrainError(
-                f"{setting} = {size} needs full attention in every layer; this model has "
-                "sliding-window layers (Qwen2's use_sliding_window), which Ulysses does not split"
-            )
+        check_model(model, size, setting)
         with self._collective("creating the sequence-parallel groups"):
             return sequence_group(self.world, size, setting)
 
