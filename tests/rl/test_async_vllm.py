@@ -32,7 +32,7 @@ from leantrain.settings import load_settings
 
 STEPS = 5
 PROMPTS, GROUP = 4, 4
-# fp32 on both sides: vLLM's behaviour logprobs vs the trainer's (tests/generation/test_vllm_backend.py).
+# fp32 on both sides: as tests/generation/test_vllm_backend.py holds vLLM to the trainer.
 LOGPROB_TOL = 2e-4
 
 
@@ -112,13 +112,16 @@ def _run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
                     time.sleep(0.1)
     for record, trajectories in zip(seen, trained, strict=True):
         record["logprob_gap"] = _logprob_gap(cfg, trajectories, published)
+        record["gap_to_v0"] = _logprob_gap(cfg, trajectories, published, on=0)
     return seen
 
 
-def _logprob_gap(cfg: RLConfig, trajectories: list[Any], published: dict[int, Any]) -> float:
+def _logprob_gap(
+    cfg: RLConfig, trajectories: list[Any], published: dict[int, Any], on: int | None = None
+) -> float:
     """The largest |behaviour logprob - trainer logprob| over `trajectories`' tokens, the
-    trainer's from one fresh forward over prompt + response on the weights of the version each
-    token carries (one per trajectory in async mode)."""
+    trainer's from one fresh forward over prompt + response on the weights of version `on`
+    (None: the version each token carries, one per trajectory in async mode)."""
     import torch
 
     from leantrain.models import load_model
@@ -127,7 +130,7 @@ def _logprob_gap(cfg: RLConfig, trajectories: list[Any], published: dict[int, An
     model = load_model(cfg.model.name, dtype="float32")[0].eval()
     gap = 0.0
     for t in trajectories:
-        (version,) = set(t.versions)
+        (version,) = set(t.versions) if on is None else {on}
         model.load_state_dict(published[version])
         ids = torch.tensor([t.prompt_ids + t.response_ids])
         with torch.no_grad():
@@ -151,8 +154,9 @@ def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
 def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> None:
     """What every async run on vLLM keeps, with batches after the first from `worker`'s
     workers: finite losses; staleness at most 1; every token of every trajectory on its batch's
-    version, with the behaviour logprob of that version; events that tile, every sequence's
-    spans on its batch's version."""
+    version, with the behaviour logprob of that version (and not of version 0, whose weights
+    the engine started from: a later batch's were published into it); events that tile, every
+    sequence's spans on its batch's version."""
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, cfg.steps + 1))
     for r, s in zip(records, steps, strict=True):
@@ -162,6 +166,8 @@ def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> 
         # against the version the worker loaded, rl/rollout.py `sampled_versions`).
         assert s["versions"] == [[r["batch_version"]]] * (PROMPTS * GROUP)
         assert s["logprob_gap"] < LOGPROB_TOL, (r["batch_worker"], s["logprob_gap"])
+        if r["batch_version"] > 0:  # the engine sampled on published weights, not its folder's
+            assert s["gap_to_v0"] > 100 * LOGPROB_TOL, (r["batch_worker"], s["gap_to_v0"])
     assert sum(r["grad_norm"] > 0 for r in records) >= cfg.steps - 1  # it trains
     workers = {r["batch_worker"] for r in records[1:]}
     assert any(w.startswith(f"{worker}-0.") for w in workers), workers
@@ -193,7 +199,7 @@ def ray_installed() -> None:
         pytest.skip("needs ray")
 
 
-@pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~XX s on 2 cores
+@pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~30-40 s on 2 cores
 def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
     tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
 ) -> None:
