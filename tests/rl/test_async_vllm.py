@@ -3,8 +3,9 @@ process` or `ray`): a spawned worker or a Ray actor holds its own vLLM engine an
 published version between batches, so every token of a batch carries that batch's version, as
 vLLM's own weight-version spans report it, and each token's behaviour logprob is what a fresh
 trainer forward of that version gives; a short k=1 GRPO run trains with staleness at most 1 and
-events that tile. What async on vLLM does not run yet is refused by name, and a policy made in
-memory is saved for vLLM once per run folder, however many processes need it.
+events that tile; a vLLM actor that keeps dying ends the run with an error naming it. What async
+on vLLM does not run yet is refused by name, and a policy made in memory is saved for vLLM once
+per run folder, however many processes need it.
 
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
@@ -28,6 +29,7 @@ from typing import Any
 import pytest
 
 from leantrain.rl.config import RLConfig
+from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
 STEPS = 5
@@ -61,24 +63,25 @@ def _config(out: Path, mode: str, steps: int = STEPS, backend: str = "process") 
     )
 
 
-def run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
+def run_steps(cfg: RLConfig, faults: FaultPlan | None = None) -> list[dict[str, Any]]:
     """Drive `cfg`'s run step by step (in this process, on a small local Ray for `backend:
-    ray`); in async mode, after the first step (the trainer's own batch while the worker boots)
-    wait for the worker, so the later batches are the worker's. One record a step: its wall
-    seconds, each trajectory's set of token versions, and the largest gap between a behaviour
-    logprob and a fresh trainer forward of the version that sampled it."""
+    ray`; the workers inject `faults`); in async mode, after the first step (the trainer's own
+    batch while the worker boots) wait for the worker, so the later batches are the worker's.
+    One record a step: its wall seconds, each trajectory's set of token versions, and the
+    largest gap between a behaviour logprob and a fresh trainer forward of the version that
+    sampled it (and of version 0)."""
     if cfg.orchestrator.backend != "ray":
-        return _run_steps(cfg)
+        return _run_steps(cfg, faults)
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        return _run_steps(cfg)
+        return _run_steps(cfg, faults)
     finally:
         ray.shutdown()
 
 
-def _run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
+def _run_steps(cfg: RLConfig, faults: FaultPlan | None) -> list[dict[str, Any]]:
     from leantrain.rl.grpo import GRPORun
     from leantrain.rl.orchestrator import Orchestrator
 
@@ -100,7 +103,8 @@ def _run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
         return run.log_step(trajectories, stats, **kw)
 
     run.learner.publish = keep_published
-    with Orchestrator(cfg, run.learner, run.source, log_step, events=run.folder.events) as o:
+    events = run.folder.events
+    with Orchestrator(cfg, run.learner, run.source, log_step, faults, events) as o:
         while run.step < cfg.steps:
             t0 = time.perf_counter()
             o.step()
@@ -142,13 +146,20 @@ def _logprob_gap(
 
 def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
     """`run_steps(cfg)` in a fresh interpreter (see the module doc)."""
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    (cfg.out / "config.json").write_text(cfg.model_dump_json())
-    done = subprocess.run(
-        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
-    )
+    done = start_child(cfg)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return json.loads((cfg.out / "steps.json").read_text())
+
+
+def start_child(cfg: RLConfig, crash: list[tuple[int, int]] = ()) -> subprocess.CompletedProcess:
+    """Run this file as a script on `cfg`, its workers exiting (a process's death) after
+    generating each (batch, attempt) in `crash`; the finished child."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "config.json").write_text(cfg.model_dump_json())
+    (cfg.out / "crash.json").write_text(json.dumps(crash))
+    return subprocess.run(
+        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
+    )
 
 
 def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> None:
@@ -207,6 +218,22 @@ def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
     check_async_run(cfg, run_in_child(cfg), "ray-worker")
 
 
+@pytest.mark.slow  # two Ray actors import vllm and start an engine, one after the other: ~50 s
+def test_a_vllm_actor_that_keeps_dying_ends_the_run_with_an_error_naming_it(
+    tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
+) -> None:
+    cfg = _config(tmp_path / "dead", "async", steps=3, backend="ray")
+    cfg.orchestrator.max_restarts = 1
+    # Batch 1 kills its actor's process every time; the trainer waits for it (run_steps).
+    done = start_child(cfg, crash=[(1, attempt) for attempt in (1, 2, 3)])
+    assert done.returncode != 0
+    error = done.stderr.strip().splitlines()[-1]
+    # (torch prefixes it with `[rank0]: `: vLLM leaves a one-rank process group in the trainer.)
+    assert "leantrain.errors.LeantrainError: rollout worker 0 died on batch 1" in error, error
+    assert "ray-worker-0.2 exited: The actor died" in error, error
+    assert "giving up after 1 worker restarts (orchestrator.max_restarts)" in error
+
+
 def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
     from leantrain.errors import LeantrainError, NotBuiltError
     from leantrain.rl.rollout import refuse_unsupported
@@ -253,7 +280,9 @@ def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, m
     assert [p.name for p in cfg.out.iterdir()] == ["vllm-policy"]
 
 
-if __name__ == "__main__":  # the child of `run_in_child`: python this_file OUT
+if __name__ == "__main__":  # the child of `start_child`: python this_file OUT
     out = Path(sys.argv[1])
     config = RLConfig.model_validate_json((out / "config.json").read_text())
-    (out / "steps.json").write_text(json.dumps(run_steps(config)))
+    crash = frozenset(map(tuple, json.loads((out / "crash.json").read_text())))
+    faults = FaultPlan(crash=crash, hard_exit=True) if crash else None
+    (out / "steps.json").write_text(json.dumps(run_steps(config, faults)))
