@@ -10,7 +10,7 @@ per run folder, however many processes need it.
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
 after one is freed fails). Tests that need vllm skip where it is not installed and fail where
-`CI` is set, as in tests/generation/test_vllm_backend.py; the Ray test likewise needs ray
+`CI` is set, as in tests/generation/test_vllm_backend.py; the Ray tests likewise need ray
 (tests/rl/test_rollout_events.py).
 """
 

@@ -232,8 +232,9 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes only. Image prompts (a vision-language model's
-    task, tool episodes included) are refused on vLLM here, before its engine starts."""
+    vLLM rollouts run async on worker processes or Ray actors only. Image prompts (a
+    vision-language model's task, tool episodes included) are refused on vLLM here, before its
+    engine starts."""
     if config.rollout.backend == "vllm" and "image" in example.meta:
         raise LeantrainError(
             f"task {config.task.name!r} has image prompts: rollout.backend: vllm takes no "
