@@ -41,7 +41,7 @@ def backend(request: pytest.FixtureRequest):
     indirect=True,
 )
 def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
-    backend: str, tiny_path: Path, tmp_path: Path
+    backend: str, tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = load_settings(
         RLConfig,
@@ -89,6 +89,7 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
         (f"{backend}-worker-0.2", 2),
     ]
     assert summary["worker_restarts"] == 1 and summary["backend"] == backend
+    assert f"{backend}-worker-0.1 exited" in caplog.text  # the dead worker, by name
     assert records[-1]["weight_publish_s"] > 0
     prompts = Counter((s, t.group_id) for s, batch in enumerate(trained) for t in batch[::2])
     assert sorted(prompts) == [(s, g) for s in range(5) for g in range(2)]

@@ -1,20 +1,25 @@
 """Async RL on vLLM (`orchestrator.mode: async`, `rollout.backend: vllm`, `orchestrator.backend:
-process`): a spawned worker holds its own vLLM engine and loads each published version between
-batches, so every token of a batch carries that batch's version, as vLLM's own weight-version
-spans report it; a short k=1 GRPO run trains with staleness at most 1 and events that tile.
-What async on vLLM does not run yet is refused by name, and a policy made in memory is saved
-for vLLM once per run folder, however many processes need it.
+process` or `ray`): a spawned worker or a Ray actor holds its own vLLM engine and loads each
+published version between batches, so every token of a batch carries that batch's version, as
+vLLM's own weight-version spans report it, and each token's behaviour logprob is what a fresh
+trainer forward of that version gives; a short k=1 GRPO run trains with staleness at most 1 and
+events that tile; a vLLM actor that keeps dying ends the run with an error naming it. What async
+on vLLM does not run yet is refused by name, and a policy made in memory is saved for vLLM once
+per run folder, however many processes need it.
 
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
 after one is freed fails). Tests that need vllm skip where it is not installed and fail where
-`CI` is set, as in tests/generation/test_vllm_backend.py.
+`CI` is set, as in tests/generation/test_vllm_backend.py; the Ray tests likewise need ray
+(tests/rl/test_rollout_events.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -24,14 +29,17 @@ from typing import Any
 import pytest
 
 from leantrain.rl.config import RLConfig
+from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
 STEPS = 5
 PROMPTS, GROUP = 4, 4
+# fp32 on both sides: as tests/generation/test_vllm_backend.py holds vLLM to the trainer.
+LOGPROB_TOL = 2e-4
 
 
-def _config(out: Path, mode: str, steps: int = STEPS) -> RLConfig:
-    workers = {"orchestrator.backend": "process", "orchestrator.max_staleness": 1}
+def _config(out: Path, mode: str, steps: int = STEPS, backend: str = "process") -> RLConfig:
+    workers = {"orchestrator.backend": backend, "orchestrator.max_staleness": 1}
     return load_settings(
         RLConfig,
         None,
@@ -55,23 +63,48 @@ def _config(out: Path, mode: str, steps: int = STEPS) -> RLConfig:
     )
 
 
-def run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
-    """Drive `cfg`'s run step by step (in this process); in async mode, after the first step
-    (the trainer's own batch while the worker boots) wait for the worker, so the later batches
-    are the worker's. One record a step: its wall seconds and each trajectory's set of token
-    versions."""
+def run_steps(cfg: RLConfig, faults: FaultPlan | None = None) -> list[dict[str, Any]]:
+    """Drive `cfg`'s run step by step (in this process, on a small local Ray for `backend:
+    ray`; the workers inject `faults`); in async mode, after the first step (the trainer's own
+    batch while the worker boots) wait for the worker, so the later batches are the worker's.
+    One record a step: its wall seconds, each trajectory's set of token versions, and the
+    largest gap between a behaviour logprob and a fresh trainer forward of the version that
+    sampled it (and of version 0)."""
+    if cfg.orchestrator.backend != "ray":
+        return _run_steps(cfg, faults)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        return _run_steps(cfg, faults)
+    finally:
+        ray.shutdown()
+
+
+def _run_steps(cfg: RLConfig, faults: FaultPlan | None) -> list[dict[str, Any]]:
     from leantrain.rl.grpo import GRPORun
     from leantrain.rl.orchestrator import Orchestrator
 
     run = GRPORun(cfg, progress=False)
     seen: list[dict[str, Any]] = []
+    trained: list[list[Any]] = []
+    published: dict[int, dict[str, Any]] = {}  # version -> its weights, as every engine got them
+    publish = run.learner.publish
+
+    def keep_published() -> dict[str, Any]:
+        weights = publish()  # a detached copy already: kept as it is
+        published[run.learner.version] = weights
+        return weights
 
     def log_step(trajectories, stats, **kw):
         assert all(len(t.versions) == len(t.response_ids) for t in trajectories)
         seen.append({"versions": [sorted(set(t.versions)) for t in trajectories]})
+        trained.append(trajectories)
         return run.log_step(trajectories, stats, **kw)
 
-    with Orchestrator(cfg, run.learner, run.source, log_step, events=run.folder.events) as o:
+    run.learner.publish = keep_published
+    events = run.folder.events
+    with Orchestrator(cfg, run.learner, run.source, log_step, faults, events) as o:
         while run.step < cfg.steps:
             t0 = time.perf_counter()
             o.step()
@@ -81,18 +114,83 @@ def run_steps(cfg: RLConfig) -> list[dict[str, Any]]:
                 while not o.pool.ready(0):
                     assert time.monotonic() < deadline, "the vLLM worker never became ready"
                     time.sleep(0.1)
+    for record, trajectories in zip(seen, trained, strict=True):
+        record["logprob_gap"] = _logprob_gap(cfg, trajectories, published)
+        record["gap_to_v0"] = _logprob_gap(cfg, trajectories, published, on=0)
     return seen
+
+
+def _logprob_gap(
+    cfg: RLConfig, trajectories: list[Any], published: dict[int, Any], on: int | None = None
+) -> float:
+    """The largest |behaviour logprob - trainer logprob| over `trajectories`' tokens, the
+    trainer's from one fresh forward over prompt + response on the weights of version `on`
+    (None: the version each token carries, one per trajectory in async mode)."""
+    import torch
+
+    from leantrain.models import load_model
+    from leantrain.training.logprobs import token_logprobs
+
+    model = load_model(cfg.model.name, dtype="float32")[0].eval()
+    gap = 0.0
+    for t in trajectories:
+        (version,) = set(t.versions) if on is None else {on}
+        model.load_state_dict(published[version])
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
+        trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
+        gap = max(gap, float((trainer - torch.tensor(t.logprobs)).abs().max()))
+    return gap
 
 
 def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
     """`run_steps(cfg)` in a fresh interpreter (see the module doc)."""
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    (cfg.out / "config.json").write_text(cfg.model_dump_json())
-    done = subprocess.run(
-        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
-    )
+    done = start_child(cfg)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return json.loads((cfg.out / "steps.json").read_text())
+
+
+def start_child(cfg: RLConfig, crash: list[tuple[int, int]] = ()) -> subprocess.CompletedProcess:
+    """Run this file as a script on `cfg`, its workers exiting (a process's death) after
+    generating each (batch, attempt) in `crash`; the finished child."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    (cfg.out / "config.json").write_text(cfg.model_dump_json())
+    (cfg.out / "crash.json").write_text(json.dumps(crash))
+    return subprocess.run(
+        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
+    )
+
+
+def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> None:
+    """What every async run on vLLM keeps, with batches after the first from `worker`'s
+    workers: finite losses; staleness at most 1; every token of every trajectory on its batch's
+    version, with the behaviour logprob of that version (and not of version 0, whose weights
+    the engine started from: a later batch's were published into it); events that tile, every
+    sequence's spans on its batch's version."""
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, cfg.steps + 1))
+    for r, s in zip(records, steps, strict=True):
+        assert math.isfinite(r["loss"]) and r["grad_norm"] >= 0  # 0: every group tied
+        assert r["staleness_max"] <= 1 and r["mixed_version_trajectories"] == 0
+        # Every token of every trajectory carries its batch's version (vLLM's spans, checked
+        # against the version the worker loaded, rl/rollout.py `sampled_versions`).
+        assert s["versions"] == [[r["batch_version"]]] * (PROMPTS * GROUP)
+        assert s["logprob_gap"] < LOGPROB_TOL, (r["batch_worker"], s["logprob_gap"])
+        if r["batch_version"] > 0:  # the engine sampled on published weights, not its folder's
+            assert s["gap_to_v0"] > 100 * LOGPROB_TOL, (r["batch_worker"], s["gap_to_v0"])
+    assert sum(r["grad_norm"] > 0 for r in records) >= cfg.steps - 1  # it trains
+    workers = {r["batch_worker"] for r in records[1:]}
+    assert any(w.startswith(f"{worker}-0.") for w in workers), workers
+    # events.jsonl: every track tiles its time; each sequence's spans carry its batch version.
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_rollout_events import _versions, check_events
+
+    events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
+    seqs = check_events(events, steps=cfg.steps, size=PROMPTS * GROUP)
+    assert any(track.startswith(f"{worker}-0.") for track, _, _ in seqs)
+    versions = _versions(seqs)
+    assert versions == {b: {r["batch_version"]} for b, r in enumerate(records)}
 
 
 @pytest.mark.slow  # a worker process imports vllm and starts an engine: ~30-60 s on 2 cores
@@ -100,28 +198,40 @@ def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
     tiny_path: Path, tmp_path: Path, vllm_installed: None
 ) -> None:
     cfg = _config(tmp_path / "async", "async")
-    steps = run_in_child(cfg)
-    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    for r, s in zip(records, steps, strict=True):
-        assert math.isfinite(r["loss"]) and r["grad_norm"] >= 0  # 0: every group tied
-        assert r["staleness_max"] <= 1 and r["mixed_version_trajectories"] == 0
-        # Every token of every trajectory carries its batch's version (vLLM's spans, checked
-        # against the version the worker loaded, rl/rollout.py `sampled_versions`).
-        assert s["versions"] == [[r["batch_version"]]] * (PROMPTS * GROUP)
-    assert sum(r["grad_norm"] > 0 for r in records) >= STEPS - 1  # it trains
-    workers = {r["batch_worker"] for r in records[1:]}
-    assert any(w.startswith("process-worker-0.") for w in workers), workers
-    assert max(r["staleness_max"] for r in records) <= 1
-    # events.jsonl: every track tiles its time; each sequence's spans carry its batch version.
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_rollout_events import _versions, check_events
+    check_async_run(cfg, run_in_child(cfg), "process-worker")
 
-    events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
-    seqs = check_events(events, steps=STEPS, size=PROMPTS * GROUP)
-    assert any(track.startswith("process-worker-0.") for track, _, _ in seqs)
-    versions = _versions(seqs)
-    assert versions == {b: {r["batch_version"]} for b, r in enumerate(records)}
+
+@pytest.fixture
+def ray_installed() -> None:
+    """Skip a Ray test where ray is missing, but fail it in CI, which installs it."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("ray is missing (pip install 'leantrain[ray]')")
+        pytest.skip("needs ray")
+
+
+@pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~30-40 s on 2 cores
+def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
+    tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
+) -> None:
+    cfg = _config(tmp_path / "ray", "async", steps=3, backend="ray")
+    check_async_run(cfg, run_in_child(cfg), "ray-worker")
+
+
+@pytest.mark.slow  # two Ray actors import vllm and start an engine, one after the other: ~50 s
+def test_a_vllm_actor_that_keeps_dying_ends_the_run_with_an_error_naming_it(
+    tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
+) -> None:
+    cfg = _config(tmp_path / "dead", "async", steps=3, backend="ray")
+    cfg.orchestrator.max_restarts = 1
+    # Batch 1 kills its actor's process every time; the trainer waits for it (run_steps).
+    done = start_child(cfg, crash=[(1, attempt) for attempt in (1, 2, 3)])
+    assert done.returncode != 0
+    error = done.stderr.strip().splitlines()[-1]
+    # (torch prefixes it with `[rank0]: `: vLLM leaves a one-rank process group in the trainer.)
+    assert "leantrain.errors.LeantrainError: rollout worker 0 died on batch 1" in error, error
+    assert "ray-worker-0.2 exited: The actor died" in error, error
+    assert "giving up after 1 worker restarts (orchestrator.max_restarts)" in error
 
 
 def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
@@ -132,12 +242,12 @@ def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
     task = make_task("arith")
     example = task.examples(1, 0)[0]
     cfg = _config(tmp_path, "async")
-    refuse_unsupported(cfg, task, example)  # async on worker processes is built
-    for backend, match in (("local", "cannot share the trainer's process"), ("ray", "Ray")):
+    for backend in ("process", "ray"):  # async on worker processes and Ray actors is built
         cfg.orchestrator.backend = backend
-        with pytest.raises(NotImplementedError, match=rf"backend: process only.*{match}"):
-            refuse_unsupported(cfg, task, example)
+        refuse_unsupported(cfg, task, example)
     cfg.orchestrator.backend = "local"
+    with pytest.raises(NotImplementedError, match=r"process or ray only.*trainer's process"):
+        refuse_unsupported(cfg, task, example)
     cfg.orchestrator.mode = "partial"
     with pytest.raises(NotBuiltError, match=r"partial.*pause_generation") as refused:
         refuse_unsupported(cfg, task, example)
@@ -170,7 +280,9 @@ def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, m
     assert [p.name for p in cfg.out.iterdir()] == ["vllm-policy"]
 
 
-if __name__ == "__main__":  # the child of `run_in_child`: python this_file OUT
+if __name__ == "__main__":  # the child of `start_child`: python this_file OUT
     out = Path(sys.argv[1])
     config = RLConfig.model_validate_json((out / "config.json").read_text())
-    (out / "steps.json").write_text(json.dumps(run_steps(config)))
+    crash = frozenset(map(tuple, json.loads((out / "crash.json").read_text())))
+    faults = FaultPlan(crash=crash, hard_exit=True) if crash else None
+    (out / "steps.json").write_text(json.dumps(run_steps(config, faults)))

@@ -186,8 +186,8 @@ class RolloutConfig(Strict):
         "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
         "for the tiny CPU models). vllm: an in-process vLLM engine on a copy of the weights, "
         "synced at every policy version (sampling only, no top-k/top-p, no images; sync mode "
-        "(tool episodes too), or async on orchestrator.backend: process, one engine per "
-        "worker; `make vllm` installs it); the "
+        "(tool episodes too), or async on orchestrator.backend: process or ray, one engine "
+        "per worker; `make vllm` installs it); the "
         "road to real models on GPUs.",
     )
     vllm_kv_cache_gib: float = Field(

@@ -10,8 +10,11 @@ this machine unless `orchestrator.ray_address` names a cluster; a Ray already in
 caller (or the learner actor this runs in) is used as it is. With
 `orchestrator.ray_rollout_resource` the actors go only to nodes that offer that custom resource
 (`ray start --resources`). Every call on an actor is a Future the dispatcher waits on with its
-timeout; a dead actor (its process gone) surfaces as that Future's exception, and a stalled
-one is killed with `ray.kill` and replaced.
+timeout; a dead actor (its process gone) surfaces as that Future's exception, a `WorkerExited`
+that names the worker, and a stalled one is killed with `ray.kill` and replaced.
+
+With `rollout.backend: vllm` each actor holds its own in-process vLLM engine, as a `process`
+worker does (rl/rollout_worker.py builds it), and loads each published version between batches.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from leantrain.distributed.ray_group import SHARE, check_resource, connect, import_ray
+from leantrain.rl.async_process import WorkerExited
 from leantrain.rl.buffer import Published
 from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
@@ -71,12 +75,13 @@ class RayBackend:
         self._remote = ray.remote(num_cpus=0, resources=resources)(_Actor)
         self._actors: list[Any] = [None] * self.workers
         self._started: list[cf.Future | None] = [None] * self.workers
+        self._names: list[str] = [""] * self.workers
         self.nodes: dict[str, str] = {}  # worker name -> the id of the Ray node it ran on
         self._generation = 0
 
     def start(self, slot: int) -> None:
         self._generation += 1
-        name = f"ray-worker-{slot}.{self._generation}"
+        self._names[slot] = name = f"ray-worker-{slot}.{self._generation}"
         self._actors[slot] = self._remote.remote(self.config, name, self.threads, self.faults)
         self._started[slot] = started = self._actors[slot].ping.remote().future()
         started.add_done_callback(lambda f: self._placed(name, f))
@@ -92,7 +97,28 @@ class RayBackend:
     def submit(self, slot: int, index: int, attempt: int, weights: Published) -> cf.Future:
         actor = self._actors[slot]
         ref = actor.generate.remote(index, attempt, weights.version, [weights.payload])
-        return ref.future()
+        return self._named(ref.future(), self._names[slot])
+
+    def _named(self, future: cf.Future, name: str) -> cf.Future:
+        """`future`, with the actor's death as a `WorkerExited` naming worker `name`: Ray's own
+        error reads `ActorDiedError()` in the run's error, which says not which worker died."""
+        named: cf.Future = cf.Future()
+
+        def relay(done: cf.Future) -> None:
+            if done.cancelled():
+                named.cancel()
+            elif (error := done.exception()) is None:
+                named.set_result(done.result())
+            elif isinstance(error, self.ray.exceptions.RayActorError):
+                why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                died = WorkerExited(f"{name} exited: {why}")
+                died.__cause__ = error
+                named.set_exception(died)
+            else:  # the worker's own exception, raised in the actor
+                named.set_exception(error)
+
+        future.add_done_callback(relay)
+        return named
 
     def publish(self, weights: dict[str, torch.Tensor]) -> Any:
         return self.ray.put({k: v.cpu() for k, v in weights.items()})

@@ -202,30 +202,26 @@ def vllm_backend(
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
     """Async modes on vLLM not built yet raise `NotBuiltError` (a `NotImplementedError`).
 
-    Built: `async` on `process` workers, each holding one engine and loading each version
-    between batches. Not built: `partial`, whose segments poll the weight store from a worker
-    thread (`local` only) and which on vLLM would want a sync in the middle of decoding: vLLM
-    0.32's `pause_generation` / `resume_generation` exist on its `AsyncLLM` only, not on the
-    in-process `LLM` the backend drives. `async` on `local` threads: a worker's engine would be
-    a second in-process vLLM engine in the trainer's process (they tear each other's process
-    groups down). On `ray`: actors are processes too, but not wired or tested with vLLM."""
+    Built: `async` on `process` workers and on `ray` actors (a process each too), each holding
+    one engine and loading each version between batches. Not built: `partial`, whose segments
+    poll the weight store from a worker thread (`local` only) and which on vLLM would want a sync
+    in the middle of decoding: vLLM 0.32's `pause_generation` / `resume_generation` exist on its
+    `AsyncLLM` only, not on the in-process `LLM` the backend drives. `async` on `local` threads:
+    a worker's engine would be a second in-process vLLM engine in the trainer's process (they
+    tear each other's process groups down)."""
     if mode == "partial":
         raise NotBuiltError(
             "orchestrator.mode: partial is not built for rollout.backend: vllm: it runs on "
             "orchestrator.backend: local only, where a second in-process vLLM engine cannot live "
             "beside the trainer's, and vLLM's pause_generation / resume_generation exist on its "
             "AsyncLLM only, not on the in-process LLM; use orchestrator.mode: async with "
-            "orchestrator.backend: process"
+            "orchestrator.backend: process or ray"
         )
-    if backend != "process":
-        why = (
-            "a worker thread's vLLM engine cannot share the trainer's process"
-            if backend == "local"
-            else "Ray rollout actors holding vLLM engines are not built yet"
-        )
+    if backend == "local":
         raise NotBuiltError(
             f"orchestrator.mode: {mode} on rollout.backend: vllm runs on orchestrator.backend: "
-            f"process only (got {backend!r}): {why}"
+            "process or ray only (got 'local'): a worker thread's vLLM engine cannot share the "
+            "trainer's process"
         )
 
 
@@ -236,8 +232,9 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes only. Image prompts (a vision-language model's
-    task, tool episodes included) are refused on vLLM here, before its engine starts."""
+    vLLM rollouts run async on worker processes or Ray actors only. Image prompts (a
+    vision-language model's task, tool episodes included) are refused on vLLM here, before its
+    engine starts."""
     if config.rollout.backend == "vllm" and "image" in example.meta:
         raise LeantrainError(
             f"task {config.task.name!r} has image prompts: rollout.backend: vllm takes no "
