@@ -99,15 +99,37 @@ class _Batch:
         self.positions = torch.cat([self.positions, other.positions])
         self.seqs += other.seqs
 
-    def keep(self, rows: list[int]) -> None:
-        """Keep only `rows`, then trim leading columns that are padding in every kept row."""
-        self.seqs = [self.seqs[i] for i in rows]
-        index = torch.tensor(rows, device=self.mask.device)
+    def keep(self, rows: list[int], reorder: bool = False) -> list[int]:
+        """Keep only `rows` (ascending), then trim leading columns that are padding in every
+        kept row; returns the kept rows in their new order.
+
+        In order, every kept row is copied to its new place (the whole cache). With `reorder`
+        the last kept rows move into the places of the dropped ones, and only they are copied:
+        the rows' order changes, which the caller must allow (the sampler's `ranks`).
+        """
+        if reorder:
+            count = len(rows)
+            kept = set(rows)
+            holes = [i for i in range(count) if i not in kept]
+            movers = [i for i in rows if i >= count]
+            order = list(range(count))
+            for hole, mover in zip(holes, movers, strict=True):
+                order[hole] = mover
+        else:
+            order = rows
+        self.seqs = [self.seqs[i] for i in order]
+        index = torch.tensor(order, device=self.mask.device)
         start = int(self.mask[index].any(0).long().argmax())  # first column some row uses
-        for layer in self.cache.live_layers():
-            layer.select(index, start)
+        if reorder:
+            holes_t, movers_t = (torch.tensor(x, dtype=torch.long) for x in (holes, movers))
+            for layer in self.cache.live_layers():
+                layer.fill_holes(holes_t.to(index.device), movers_t.to(index.device), count, start)
+        else:
+            for layer in self.cache.live_layers():
+                layer.select(index, start)
         self.mask = self.mask[index, start:]
         self.positions = self.positions[index]
+        return order
 
 
 def cache_kwarg(model: PreTrainedModel) -> str:
@@ -328,7 +350,8 @@ class Engine:
         fused = self._decoder is not None and self.speculator is None
         while True:
             if batch is None or not fused:
-                newcomers = self._admit(queue, batch.seqs if batch else [], params.max_new_tokens)
+                live = batch.seqs if batch else []
+                newcomers = self._admit(queue, live, params.max_new_tokens, by_length=fused)
             else:
                 newcomers = []
             if newcomers:
@@ -347,7 +370,7 @@ class Engine:
             if batch is None:
                 return
             self.peak_cache_tokens = max(self.peak_cache_tokens, batch.mask.numel())
-            tokens, logprobs = sample(logits, params, generator)
+            tokens, logprobs = sample(logits, params, generator, _draw_ranks(batch.seqs))
             if forced is not None:
                 tokens = torch.where(forced[0] >= 0, forced[0], tokens)
                 logprobs = torch.where(forced[0] >= 0, forced[1], logprobs)
@@ -367,8 +390,7 @@ class Engine:
                 batch = logits = hidden = forced = None
                 continue
             if len(keep) < len(batch.seqs):
-                batch.keep(keep)
-                index = torch.tensor(keep, device=tokens.device)
+                index = torch.tensor(batch.keep(keep, reorder=fused), device=tokens.device)
                 tokens = tokens[index]
                 hidden = None if hidden is None else hidden[index]
             k = self.speculator.choose(len(keep), len(queue)) if self.speculator else None
@@ -380,7 +402,11 @@ class Engine:
                     batch, tokens, hidden, params, generator, hiddens, on_finish, stop_window
                 )
                 continue
-            joining = self._admit(queue, batch.seqs, params.max_new_tokens) if fused else []
+            joining = (
+                self._admit(queue, batch.seqs, params.max_new_tokens, by_length=True)
+                if fused
+                else []
+            )
             logits, hidden = self._decode(batch, tokens, joining)
             forced = None
             if k is not None:  # a plain step the speculator times (the bandit's k = 0 arm)
@@ -464,13 +490,22 @@ class Engine:
             seq.timeline.mark(clock(), "done", len(seq.response_ids))
         return seq.finish_reason is None
 
-    def _admit(self, queue: deque[_Seq], live: list[_Seq], max_new: int) -> list[_Seq]:
+    def _admit(
+        self, queue: deque[_Seq], live: list[_Seq], max_new: int, by_length: bool
+    ) -> list[_Seq]:
         """Take the queued sequences that join `live` now: none until a quarter of the slots
-        are free (or the queue fits), then as many as `_admissible` allows, in queue order."""
+        are free (or the queue fits), then as many as `_admissible` allows.
+
+        `by_length`: longest prompt first, so rows of similar length sit together and
+        attention skips more padding (generation/decoder.py `_row_spans`); the sampler still
+        hands out random draws in prompt order (`_draw_ranks`). The speculative path keeps
+        queue order: its verifier draws in row order.
+        """
         free = self.max_batch_size - len(live)
         if not queue or free < min(self.min_admit, len(queue)):
             return []
-        return [queue.popleft() for _ in range(self._admissible(live, queue, free, max_new))]
+        taken = [queue.popleft() for _ in range(self._admissible(live, queue, free, max_new))]
+        return sorted(taken, key=lambda s: -len(s.prompt_ids)) if by_length else taken
 
     def _admissible(self, live: list[_Seq], queue: deque[_Seq], free: int, max_new: int) -> int:
         """How many queued sequences, from the front, may join `live` now: at most `free`, and
@@ -666,6 +701,16 @@ def _mark(seqs: list[_Seq], phase: str) -> None:
     now = clock()
     for s in seqs:
         s.timeline.mark(now, phase, len(s.response_ids))
+
+
+def _draw_ranks(seqs: list[_Seq]) -> torch.Tensor | None:
+    """Each row's rank by prompt index (None when rows are in that order): the sampler gives
+    row i the rank-th random draw, so a sequence draws the numbers it would draw with its batch
+    in prompt order, and the same seed gives the same samples however rows are laid out."""
+    indices = [s.index for s in seqs]
+    if all(a < b for a, b in itertools.pairwise(indices)):
+        return None
+    return torch.tensor(indices).argsort().argsort()
 
 
 def _last(hidden: torch.Tensor | None) -> torch.Tensor | None:

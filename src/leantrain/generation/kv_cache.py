@@ -66,6 +66,16 @@ class RoomyLayer(DynamicLayer):
         used = self.keys.shape[2] - start
         self._set(self._k[index, :, start:], self._v[index, :, start:], used)
 
+    def fill_holes(self, holes: torch.Tensor, movers: torch.Tensor, rows: int, start: int) -> None:
+        """Keep the first `rows` rows after copying rows `movers` into rows `holes` (index
+        tensors of equal length), and drop the first `start` time columns. Only the movers
+        are copied; the rest stay where they are (views of the same buffers)."""
+        if len(holes):
+            self._k[holes] = self._k[movers]
+            self._v[holes] = self._v[movers]
+        used = self.keys.shape[2] - start
+        self._set(self._k[:rows, :, start:], self._v[:rows, :, start:], used)
+
     def concat(self, other: RoomyLayer) -> None:
         """Append `other`'s rows, left-padding the shorter side so both end at the same column."""
         width = max(self.keys.shape[2], other.keys.shape[2])

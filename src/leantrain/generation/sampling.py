@@ -16,7 +16,10 @@ from leantrain.generation.config import SamplingParams
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    ranks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row.
 
@@ -24,20 +27,25 @@ def sample(
         logits: next-token logits, (B, V), any float dtype.
         params: temperature, top-k, top-p (greedy when temperature == 0).
         generator: random source for sampling, on the logits' device; unused when greedy.
+        ranks: (B,) row i takes the ranks[i]-th of the B uniform draws (default: the i-th), so
+            the rows' order in memory need not decide which random number each one gets.
 
     Returns:
         tokens (B,) int64 and their logprobs (B,) float32: `log_softmax(logits / temperature)` of
         the sampled token before top-k/top-p filtering (temperature 1 when greedy).
     """
     if params.greedy or (params.top_k == 0 and params.top_p >= 1):
-        return _sample_plain(logits, params, generator)
+        return _sample_plain(logits, params, generator, ranks)
     probs, logp = sampling_distribution(logits, params)
-    tokens = inverse_cdf(probs, generator)
+    tokens = inverse_cdf(probs, generator, ranks)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 def _sample_plain(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    ranks: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample` without top-k/top-p: one fp32 copy of the logits, worked on in place.
 
@@ -55,7 +63,7 @@ def _sample_plain(
         return tokens, -z.sub_(top[:, None]).exp_().sum(-1).log()
     top = z.amax(-1)
     cdf = z.sub_(top[:, None]).exp_().cumsum_(-1)
-    tokens = _draw(cdf, generator)
+    tokens = _draw(cdf, generator, ranks)
     # z_token recomputed from the logits: the same fp32 value z held before it was shifted.
     picked = logits.gather(-1, tokens[:, None]).squeeze(-1).float() / temperature
     return tokens, picked - top - cdf[:, -1].log()
@@ -94,7 +102,9 @@ def sampling_distribution(
     return kept.softmax(-1), logp
 
 
-def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def inverse_cdf(
+    probs: torch.Tensor, generator: torch.Generator | None, ranks: torch.Tensor | None = None
+) -> torch.Tensor:
     """One draw per row of (B, V) `probs` (need not sum to 1): the first token whose cumulative
     mass exceeds a uniform draw scaled to the row's total.
 
@@ -102,10 +112,14 @@ def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     number per row, where `torch.multinomial` (and the exponential race) draw
     per vocabulary entry: 10-20x faster on CPU, where random numbers are slow.
     """
-    return _draw(probs.cumsum(-1), generator)
+    return _draw(probs.cumsum(-1), generator, ranks)
 
 
-def _draw(cdf: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Invert (B, V) cumulative mass `cdf` at one uniform draw per row scaled to its total."""
-    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+def _draw(
+    cdf: torch.Tensor, generator: torch.Generator | None, ranks: torch.Tensor | None
+) -> torch.Tensor:
+    """Invert (B, V) cumulative mass `cdf` at one uniform draw per row scaled to its total
+    (row i takes draw ranks[i] when given)."""
+    u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)
+    u = (u if ranks is None else u[ranks.to(u.device)]) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
