@@ -39,7 +39,12 @@ _FAMILIES = ("llama", "qwen2", "mistral")
 def supports(model: PreTrainedModel) -> bool:
     """True when `LlamaDecoder` computes what `model` computes: a Llama-family decoder with
     plain linear layers, SiLU gating, full attention on every layer and no tensor-parallel
-    split of its weights."""
+    split of its weights, and nothing patched into its modules (forward hooks, as KV routing
+    installs, or an instance's own `forward`): this forward would bypass them."""
+    if any(
+        m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in model.modules()
+    ):
+        return False
     config = model.config
     if getattr(config, "model_type", None) not in _FAMILIES:
         return False

@@ -523,15 +523,18 @@ class Engine:
         return count
 
     def _prepare_decoder(self) -> None:
-        """Use the engine's own forward when the model is a supported Llama-family decoder,
-        with its packed weights up to date (weights may have changed since the last call)."""
+        """Use the engine's own forward when the model is a supported Llama-family decoder
+        (checked every call: hooks may have come or gone), with its packed weights up to date
+        (weights may have changed since the last call)."""
+        if not supports(self.model):
+            self._decoder = None
+            return
         param = next(self.model.parameters())
         key = (param.device, param.dtype)
-        if key != self._decoder_key:
-            self._decoder = LlamaDecoder(self.model) if supports(self.model) else None
+        if self._decoder is None or key != self._decoder_key:
+            self._decoder = LlamaDecoder(self.model)
             self._decoder_key = key
-        if self._decoder is not None:
-            self._decoder.refresh()
+        self._decoder.refresh()
 
     @contextlib.contextmanager
     def _capture_lm_head_input(self) -> Iterator[None]:
