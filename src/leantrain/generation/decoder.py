@@ -257,19 +257,18 @@ class LlamaDecoder:
     ) -> torch.Tensor:
         """Grouped-query attention of (B, heads, n, d) queries over (B, kv_heads, T, d) keys
         and values under (B, 1, n, T) `mask`, each run of rows from its first used column."""
-        return torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    q[lo:hi],
-                    k[lo:hi, :, start:],
-                    v[lo:hi, :, start:],
-                    attn_mask=mask[lo:hi, ..., start:],
-                    scale=self.head_dim**-0.5,
-                    enable_gqa=True,
-                )
-                for lo, hi, start in runs
-            ]
-        )
+        parts = [
+            F.scaled_dot_product_attention(
+                q[lo:hi],
+                k[lo:hi, :, start:],
+                v[lo:hi, :, start:],
+                attn_mask=mask[lo:hi, ..., start:],
+                scale=self.head_dim**-0.5,
+                enable_gqa=True,
+            )
+            for lo, hi, start in runs
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 @dataclass
