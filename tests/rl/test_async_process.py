@@ -69,8 +69,13 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
         return train_step(trajectories, **kwargs)
 
     run.learner.step = keep
-    # The worker's process exits while holding batch 2 (an actor's death, for Ray).
-    faults = FaultPlan(crash=frozenset({(2, 1)}), hard_exit=True)
+    # The worker's process exits while holding batch 2 (an actor's death, for Ray). It holds the
+    # batch 5 s first: the trainer claims a batch for itself only at the start of a step, so it
+    # must already be waiting for batch 2 when the worker dies, or it would take the re-queued
+    # batch itself while the replacement boots (a race a fast engine used to lose).
+    faults = FaultPlan(
+        crash=frozenset({(2, 1)}), stall=frozenset({(2, 1)}), stall_s=5.0, hard_exit=True
+    )
     with Orchestrator(run.config, run.learner, run.source, run.log_step, faults) as orchestrator:
         orchestrator.step()  # the worker still imports torch: the trainer's batch
         deadline = time.monotonic() + 60
