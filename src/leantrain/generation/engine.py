@@ -8,8 +8,12 @@ state that produced each token (what an EAGLE-style drafter trains on).
 Continuous batching: at most `max_batch_size` sequences decode together; a sequence that finishes
 leaves the batch (its KV-cache rows are dropped) and queued prompts are prefilled together and
 joined to the running batch (left-padded to align with its cache), so a long response never holds
-a batch of finished ones hostage. Newcomers are admitted once a quarter of the slots are free:
-each admission costs one prefill forward.
+a batch of finished ones hostage. Newcomers are admitted once a quarter of the slots are free.
+With the engine's own forward for Llama-family models (generation/decoder.py) and no speculator,
+their prefill runs inside the running batch's next decode forward, and a finished row is
+replaced by the last live one (the sampler gives each row the random draw of its prompt index,
+so the layout does not change the samples); otherwise each admission is a prefill forward of
+its own and finished rows are dropped in order.
 
 KV-cache budget (optional `max_cache_tokens`): a sequence is admitted only if the batch's cache
 could never pass the budget, even if every row ran to `max_new_tokens`. The cache is a padded
@@ -121,9 +125,11 @@ class _Batch:
         index = torch.tensor(order, device=self.mask.device)
         start = int(self.mask[index].any(0).long().argmax())  # first column some row uses
         if reorder:
-            holes_t, movers_t = (torch.tensor(x, dtype=torch.long) for x in (holes, movers))
+            holes_t, movers_t = (
+                torch.tensor(x, dtype=torch.long, device=index.device) for x in (holes, movers)
+            )
             for layer in self.cache.live_layers():
-                layer.fill_holes(holes_t.to(index.device), movers_t.to(index.device), count, start)
+                layer.fill_holes(holes_t, movers_t, count, start)
         else:
             for layer in self.cache.live_layers():
                 layer.select(index, start)

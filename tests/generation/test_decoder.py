@@ -1,0 +1,45 @@
+"""The engine's own Llama-family forward against the transformers forward it replaces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from leantrain.generation.decoder import LlamaDecoder, supports
+from leantrain.generation.kv_cache import RoomyCache
+from leantrain.models import load_model
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two left-padded prompts of 5 and 3 tokens: ids, mask, positions (2, 5)."""
+    ids = torch.tensor([[5, 9, 12, 7, 3], [0, 0, 4, 8, 11]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-4), ("bfloat16", 0.1)])
+def test_logits_match_the_transformers_forward_and_follow_weight_changes(
+    tiny_path: Path, dtype: str, tolerance: float
+) -> None:
+    model, _ = load_model(tiny_path, dtype=dtype)
+    ids, mask, positions = _inputs()
+    decoder = LlamaDecoder(model)
+    with torch.inference_mode():
+        for _ in range(2):  # the second pass after a weight changed in place
+            decoder.refresh()
+            ours, _ = decoder(ids, mask, positions, RoomyCache(), keep=1)
+            theirs = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            assert (ours[:, -1].float() - theirs[:, -1].float()).abs().max() < tolerance
+            model.model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+
+
+def test_hooks_in_the_model_keep_the_transformers_forward(tiny_path: Path) -> None:
+    model, _ = load_model(tiny_path, dtype="float32")
+    assert supports(model)
+    handle = model.model.layers[1].self_attn.register_forward_pre_hook(lambda *_: None)
+    assert not supports(model)
+    handle.remove()
+    model.model.layers[0].mlp.up_proj.forward = lambda x: x  # as ZO's grouped LoRA patches
+    assert not supports(model)
