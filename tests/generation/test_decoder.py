@@ -43,3 +43,29 @@ def test_hooks_in_the_model_keep_the_transformers_forward(tiny_path: Path) -> No
     handle.remove()
     model.model.layers[0].mlp.up_proj.forward = lambda x: x  # as ZO's grouped LoRA patches
     assert not supports(model)
+
+
+def test_prefill_runs_and_the_next_decode_step_match_the_transformers_forward(
+    tiny_path: Path,
+) -> None:
+    """A prefill attends per run of equal-length rows (here 4, 2, 4 tokens: three runs, the
+    equal lengths not adjacent) with no mask; every real position's logits, and a decode step
+    over the cache it wrote, match the transformers forward on the unpadded sequences."""
+    model, _ = load_model(tiny_path, dtype="float32")
+    prompts = [[5, 9, 12, 7], [4, 8], [3, 14, 6, 2]]
+    ids = torch.tensor([[0] * (4 - len(p)) + p for p in prompts])
+    mask = (ids != 0).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    decoder, cache = LlamaDecoder(model), RoomyCache()
+    with torch.inference_mode():
+        decoder.refresh()
+        prefill, _ = decoder(ids, mask, positions, cache, keep=4)  # (3, 4, V)
+        nxt = torch.tensor([[10], [11], [13]])
+        step, _ = decoder(
+            nxt, torch.cat([mask, torch.ones(3, 1).long()], 1), positions[:, -1:] + 1, cache, keep=1
+        )
+        for row, prompt in enumerate(prompts):
+            full = model(input_ids=torch.tensor([prompt + nxt[row].tolist()])).logits[0]
+            n = len(prompt)
+            assert (prefill[row, 4 - n :] - full[:n]).abs().max() < 1e-4
+            assert (step[row, -1] - full[n]).abs().max() < 1e-4

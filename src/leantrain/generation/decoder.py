@@ -8,12 +8,15 @@ RMSNorm's five fp32 ops per call, a 4-D mask built per forward, and Python aroun
 wrapped modules. Here:
 
 - on CPU in bf16 every linear runs through oneDNN on weights packed once (1.3-1.9x a plain bf16
-  matmul at decode batch sizes on AMX, bit-identical), q/k/v and gate/up fused into one matmul
-  each; packed copies are rebuilt when a weight changes in place (a weight sync, an optimizer
-  step). Elsewhere (fp32, GPUs) the model's own weights are used as they are, with no copies;
-- attention is `scaled_dot_product_attention` with `enable_gqa` (no K/V repeat) under one
-  boolean mask per forward;
-- RMSNorm is `F.rms_norm` in fp32, cast back as transformers does.
+  matmul at decode batch sizes on AMX, bit-identical), q/k/v fused into one matmul, SiLU, the
+  gate product and the residual adds in the matmuls' epilogues; packed copies are rebuilt when
+  a weight changes in place (a weight sync, an optimizer step). Elsewhere (fp32, GPUs) the
+  model's own weights are used as they are, with no copies;
+- linear layers, norms and rotary run on the real tokens only (no padding);
+- attention is `scaled_dot_product_attention` with `enable_gqa` (no K/V repeat): a prefill
+  causal per run of equal-length prompts, with no mask and no padding; decode under one
+  additive mask per forward, each group of rows from the first cache column it uses;
+- RMSNorm is `F.rms_norm`, in fp32 for bf16 input and cast back, as transformers computes it.
 
 The KV cache is the engine's `RoomyCache`, updated through `cache.update` exactly as the
 transformers attention updates it, so the engine's row bookkeeping (admission, eviction,
@@ -211,8 +214,19 @@ class LlamaDecoder:
         x = self.body.embed_tokens(ids)  # (N, H)
         cos, sin = self.body.rotary_emb(x, positions[None])  # (1, N, head_dim)
         cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads
-        masks = [_attention_mask(f.attention_mask, f.input_ids.shape[1]) for f in feeds]
-        spans = [_row_spans(f.attention_mask) for f in feeds]
+        sin = torch.cat([-sin[..., : self.head_dim // 2], sin[..., self.head_dim // 2 :]], -1)
+        # A feed into an empty cache (a prefill) needs no mask: its rows attend causally to
+        # their own tokens, in runs of rows of one length; any other feed gets a mask and runs
+        # of rows that each start at the first cache column one of them uses.
+        prefills = [f.attention_mask.shape[1] == f.input_ids.shape[1] for f in feeds]
+        masks = [
+            None if fresh else _attention_mask(f.attention_mask, f.input_ids.shape[1], x.dtype)
+            for f, fresh in zip(feeds, prefills, strict=True)
+        ]
+        spans = [
+            _length_runs(f.attention_mask) if fresh else _row_spans(f.attention_mask)
+            for f, fresh in zip(feeds, prefills, strict=True)
+        ]
         bounds = list(itertools.accumulate((g.count for g in grids), initial=0))
         for i, layer in enumerate(self.body.layers):
             h = _rms_norm(x, layer.input_layernorm.weight, self.eps)
@@ -224,10 +238,12 @@ class LlamaDecoder:
             for f, grid, mask, runs, lo, hi in zip(
                 feeds, grids, masks, spans, bounds, bounds[1:], strict=False
             ):
-                q = grid.heads_first(qk[lo:hi, : self.heads])  # (B, heads, n, head_dim)
-                k = grid.heads_first(qk[lo:hi, self.heads :])
-                k, v_all = f.cache.update(k, grid.heads_first(v[lo:hi]), i)  # (B, kv, T, d)
-                a = self._attend(q, k, v_all, mask, runs)  # (B, heads, n, head_dim)
+                q, k = qk[lo:hi, : self.heads], qk[lo:hi, self.heads :]  # (N_f, heads, d)
+                k_all, v_all = f.cache.update(grid.heads_first(k), grid.heads_first(v[lo:hi]), i)
+                if mask is None:  # a prefill: each run of equal-length rows on its own tokens
+                    outs.append(self._attend_prompts(q, k, v[lo:hi], runs))
+                    continue
+                a = self._attend(grid.heads_first(q), k_all, v_all, mask, runs)  # (B, h, n, d)
                 outs.append(grid.tokens(a.transpose(1, 2).flatten(2)))
             x = self.out[i].add(torch.cat(outs) if len(outs) > 1 else outs[0], x)
             h = _rms_norm(x, layer.post_attention_layernorm.weight, self.eps)
@@ -246,6 +262,26 @@ class LlamaDecoder:
             (lg.view(*t.shape[:2], -1), hd.view(t.shape))
             for lg, hd, t in zip(logits.split(sizes), hidden.split(sizes), lasts, strict=True)
         ]
+
+    def _attend_prompts(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, runs: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """Causal grouped-query attention of a prefill, token-major: (N, heads, d) queries over
+        (N, kv_heads, d) keys and values of the same tokens, rows one after another; each
+        (rows, length) run of equal-length rows is one call, with no padding and no mask.
+        Returns (N, heads * d)."""
+        parts, at = [], 0
+        for rows, length in runs:
+            end = at + rows * length
+            q_run, k_run, v_run = (
+                t[at:end].view(rows, length, *t.shape[1:]).transpose(1, 2) for t in (q, k, v)
+            )
+            a = F.scaled_dot_product_attention(
+                q_run, k_run, v_run, is_causal=True, scale=self.head_dim**-0.5, enable_gqa=True
+            )  # (rows, heads, length, d)
+            parts.append(a.transpose(1, 2).reshape(end - at, -1))
+            at = end
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attend(
         self,
@@ -316,16 +352,17 @@ class _Grid:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: normalised in fp32, cast back to x's dtype, then scaled."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    """Llama's RMSNorm: normalised in fp32, cast back to x's dtype, then scaled. `F.rms_norm`
+    of a bf16 tensor computes in fp32 and rounds once, so no fp32 copy of x is made."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on (N, heads, head_dim) with (N, 1, head_dim) cos and sin:
-    x * cos + rotate_half(x) * sin."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on (N, heads, head_dim) with (N, 1, head_dim) cos and sin, the sin's
+    first half negated: x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1)
+    (the negation moved onto sin is exact, so this is transformers' result bit for bit)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat([x[..., half:], x[..., :half]], dim=-1) * signed_sin
 
 
 def _row_spans(columns: torch.Tensor, parts: int = 4) -> list[tuple[int, int, int]]:
@@ -345,17 +382,29 @@ def _row_spans(columns: torch.Tensor, parts: int = 4) -> list[tuple[int, int, in
     return [(lo, hi, min(first[lo:hi])) for lo, hi in itertools.pairwise(bounds)]
 
 
-def _attention_mask(columns: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, 1, n, T) boolean: new token i sees the real cache columns up to its own.
+def _length_runs(columns: torch.Tensor) -> list[tuple[int, int]]:
+    """(rows, length) for each run of consecutive rows with the same number of real tokens
+    in the (B, T) mask `columns`: the shapes `_attend_prompts` attends over. The engine admits
+    prompts longest first, so a batch has one run per distinct length."""
+    lengths, counts = torch.unique_consecutive(columns.sum(-1), return_counts=True)
+    return [(c, n) for n, c in zip(lengths.tolist(), counts.tolist(), strict=True)]
+
+
+def _attention_mask(columns: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, n, T) additive mask in `dtype` (0 where seen, -inf elsewhere): new token i sees
+    the real cache columns up to its own. Additive once per forward, since attention would
+    otherwise turn a boolean mask into this in every layer.
 
     `columns` (B, T) marks real tokens; the n new tokens are its last n columns. A padding
-    query (left padding in a prefill) sees only itself: a query seeing nothing gives NaN, which
-    would reach the cache through its keys and values (a masked weight is 0, and 0 * NaN is NaN).
+    query, should one be fed, sees only itself: a query seeing nothing gives NaN, which would
+    reach the cache through its keys and values (0 * NaN is NaN).
     """
     width = columns.shape[1]
-    real = columns.bool()[:, None, None, :]  # (B, 1, 1, T)
-    if n == 1:
-        return real
-    query = torch.arange(width - n, width, device=columns.device)[:, None]  # (n, 1)
-    key = torch.arange(width, device=columns.device)[None, :]  # (1, T)
-    return (real & (key <= query)) | (key == query)
+    seen = columns.bool()[:, None, None, :]  # (B, 1, 1, T)
+    if n > 1:
+        query = torch.arange(width - n, width, device=columns.device)[:, None]  # (n, 1)
+        key = torch.arange(width, device=columns.device)[None, :]  # (1, T)
+        seen = (seen & (key <= query)) | (key == query)
+    return torch.zeros(seen.shape, dtype=dtype, device=columns.device).masked_fill_(
+        ~seen, float("-inf")
+    )
