@@ -134,9 +134,8 @@ def part_rollout(args: argparse.Namespace) -> dict[str, Any]:
     sampled = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     for side in (native, vllm):  # warm-up: first-call allocations, CUDA kernels' first load
         side.generate(prompts[:2], SamplingParams(max_new_tokens=4), seed=0)
-    with torch.inference_mode():
-        ours = tokens_per_s(native, prompts, sampled, args.repeats)
-    theirs = tokens_per_s(vllm, prompts, sampled, args.repeats)
+    rates = tokens_per_s({"native": native, "vllm": vllm}, prompts, sampled, args.repeats)
+    ours, theirs = rates["native"], rates["vllm"]
     gap = logprob_gap(model, vllm.generate(prompts[:16], sampled, seed=0), temperature=1.0)
     weights = weights_snapshot(model)  # fp32, as the learner publishes them
     for version in (1, 2, 3):

