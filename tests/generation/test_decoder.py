@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from leantrain.generation.decoder import LlamaDecoder, supports
+from leantrain.generation.decoder import LlamaDecoder, _packable, compute_dtype, supports
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.models import load_model
 
@@ -69,3 +69,26 @@ def test_prefill_runs_and_the_next_decode_step_match_the_transformers_forward(
             n = len(prompt)
             assert (prefill[row, 4 - n :] - full[:n]).abs().max() < 1e-4
             assert (step[row, -1] - full[n]).abs().max() < 1e-4
+
+
+def test_fp32_weights_under_bf16_autocast_compute_in_packed_bf16(tiny_path: Path) -> None:
+    """A trainer's fp32 master weights under CPU bf16 autocast: where packed bf16 linears pay,
+    the decoder computes as a bf16 model from bf16 copies (refreshed after an in-place update,
+    as an optimizer step makes), close to the autocast forward; elsewhere it keeps fp32."""
+    model, _ = load_model(tiny_path, dtype="float32")
+    ids, mask, positions = _inputs()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        dtype = compute_dtype(model)
+        if not _packable(torch.device("cpu"), torch.bfloat16):
+            assert dtype == torch.float32
+            return
+        assert dtype == torch.bfloat16
+        decoder = LlamaDecoder(model, dtype)
+        for _ in range(2):  # the second pass after a weight changed in place
+            decoder.refresh()
+            ours, _ = decoder(ids, mask, positions, RoomyCache(), keep=1)
+            theirs = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            assert ours.dtype == torch.bfloat16
+            assert (ours[:, -1].float() - theirs[:, -1].float()).abs().max() < 0.1
+            model.model.layers[0].mlp.down_proj.weight.mul_(-1.0)
+    assert compute_dtype(model) == torch.float32  # no autocast: the weights' own dtype

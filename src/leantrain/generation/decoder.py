@@ -26,6 +26,7 @@ architectures, LoRA-wrapped linears, sliding windows, images) keep the transform
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,11 +97,12 @@ class _Linear:
         if stamp == self._stamp:
             return
         with torch.no_grad():
-            weight = torch.cat([m.weight for m in self.linears])
+            # bf16 copies of fp32 master weights when the engine runs under bf16 autocast.
+            weight = torch.cat([m.weight for m in self.linears]).to(torch.bfloat16)
             # The batch-size hint only picks the blocking; 16 rows matches decode batches.
             self._weight = torch.ops.mkldnn._reorder_linear_weight(weight, 16)
             biases = [m.bias for m in self.linears]
-            self._bias = None if biases[0] is None else torch.cat(biases)
+            self._bias = None if biases[0] is None else torch.cat(biases).to(torch.bfloat16)
         self._stamp = stamp
 
     def __call__(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
@@ -129,13 +131,27 @@ class _Linear:
         return self(x) * other
 
 
-def _packable(model: PreTrainedModel) -> bool:
-    """oneDNN-packed bf16 linears: a CPU model in bf16 on a CPU with native bf16 (AMX or
-    AVX-512 BF16); elsewhere oneDNN would emulate bf16 and lose to the plain matmul."""
+def compute_dtype(model: PreTrainedModel) -> torch.dtype:
+    """The dtype `LlamaDecoder` computes in for `model` now: its weights' dtype, or bf16 for
+    fp32 weights under CPU bf16 autocast (a trainer's master weights) where packed linears
+    pay; the decoder then holds bf16 packed copies, as vLLM holds bf16 copies of a trainer's
+    weights, and computes as a bf16 model does (its norms and embeddings cast to bf16)."""
     param = next(model.parameters())
+    autocast_bf16 = (
+        param.dtype == torch.float32
+        and torch.is_autocast_enabled(param.device.type)
+        and torch.get_autocast_dtype(param.device.type) == torch.bfloat16
+    )
+    packable = _packable(param.device, torch.bfloat16)
+    return torch.bfloat16 if autocast_bf16 and packable else param.dtype
+
+
+def _packable(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN-packed bf16 linears: bf16 on a CPU with native bf16 (AMX or AVX-512 BF16);
+    elsewhere oneDNN would emulate bf16 and lose to the plain matmul."""
     return (
-        param.device.type == "cpu"
-        and param.dtype == torch.bfloat16
+        device.type == "cpu"
+        and dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
@@ -147,15 +163,23 @@ class LlamaDecoder:
     Args:
         model: a model for which `supports(model)` holds; read live (norms, embeddings and, when
             unpacked, linears), so weight updates are seen.
+        dtype: what to compute in (`compute_dtype(model)`); bf16 for fp32 weights runs with
+            autocast off and packed bf16 copies of the linears.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, dtype: torch.dtype | None = None) -> None:
         if not supports(model):
             raise ValueError(f"{type(model).__name__} is not a supported Llama-family decoder")
         config = model.config
         self.model = model
         self.body = model.model
-        packed = _packable(model)
+        param = next(model.parameters())
+        self.dtype = param.dtype if dtype is None else dtype
+        packed = _packable(param.device, self.dtype)
+        if self.dtype != param.dtype and not packed:
+            raise ValueError(f"{param.dtype} weights in {self.dtype} need packed linears")
+        self._own_casts = self.dtype != param.dtype
+        self._device_type = param.device.type
         self.qkv, self.out, self.gate, self.up, self.down = [], [], [], [], []
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -205,13 +229,20 @@ class LlamaDecoder:
         prefill share one forward, so a small batch, whose step is bound by reading the
         weights, reads them once for both (as vLLM schedules prefill and decode together).
         """
+        # Casting the weights ourselves, autocast must not cast again (nor upcast the norms).
+        off = torch.autocast(self._device_type, enabled=False)
+        with off if self._own_casts else contextlib.nullcontext():
+            return self._feed(feeds)
+
+    def _feed(self, feeds: Sequence[Feed]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`feed`, in `self.dtype`."""
         # Token-major: the linear layers, norms and rotary run on the real tokens only, (N, H),
         # the feeds' tokens one after another; attention and the caches see each feed's (B, n)
         # grid. A prefill of left-padded prompts of uneven length skips its padding this way.
         grids = [_Grid(f.attention_mask[:, -f.input_ids.shape[1] :].bool()) for f in feeds]
         ids = torch.cat([g.tokens(f.input_ids) for g, f in zip(grids, feeds, strict=True)])
         positions = torch.cat([g.tokens(f.position_ids) for g, f in zip(grids, feeds, strict=True)])
-        x = self.body.embed_tokens(ids)  # (N, H)
+        x = self.body.embed_tokens(ids).to(self.dtype)  # (N, H)
         cos, sin = self.body.rotary_emb(x, positions[None])  # (1, N, head_dim)
         cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads
         sin = torch.cat([-sin[..., : self.head_dim // 2], sin[..., self.head_dim // 2 :]], -1)
@@ -352,9 +383,10 @@ class _Grid:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama's RMSNorm: normalised in fp32, cast back to x's dtype, then scaled. `F.rms_norm`
-    of a bf16 tensor computes in fp32 and rounds once, so no fp32 copy of x is made."""
-    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+    """Llama's RMSNorm: normalised in fp32, cast back to x's dtype, then scaled (in x's dtype:
+    an fp32 weight on bf16 x is cast). `F.rms_norm` of a bf16 tensor computes in fp32 and
+    rounds once, so no fp32 copy of x is made."""
+    return (weight * F.rms_norm(x, (x.shape[-1],), eps=eps)).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion, FinishReason
 from leantrain.generation.config import SamplingParams
-from leantrain.generation.decoder import Feed, LlamaDecoder, supports
+from leantrain.generation.decoder import Feed, LlamaDecoder, compute_dtype, supports
 from leantrain.generation.kv_cache import RoomyCache
 from leantrain.generation.sampling import sample
 from leantrain.generation.speculative import Speculator, verify
@@ -200,7 +200,7 @@ class Engine:
         # Llama-family models decode through the engine's own forward (generation/decoder.py),
         # others through the transformers one; rebuilt if the model moves device or dtype.
         self._decoder: LlamaDecoder | None = None
-        self._decoder_key: tuple[torch.device, torch.dtype] | None = None
+        self._decoder_key: tuple[torch.device, torch.dtype, torch.dtype] | None = None
 
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Load published weights (a state dict) into the model it decodes with; the version is
@@ -536,9 +536,10 @@ class Engine:
             self._decoder = None
             return
         param = next(self.model.parameters())
-        key = (param.device, param.dtype)
+        dtype = compute_dtype(self.model)  # bf16 for fp32 weights under bf16 autocast
+        key = (param.device, param.dtype, dtype)
         if self._decoder is None or key != self._decoder_key:
-            self._decoder = LlamaDecoder(self.model)
+            self._decoder = LlamaDecoder(self.model, dtype)
             self._decoder_key = key
         self._decoder.refresh()
 
