@@ -18,18 +18,18 @@ values of the same forward, which is exactly what it reads from the cache while 
 (tests/serving/test_kv_routing.py checks the engine's output against that recomputation).
 
 On smollm2-135m (30 layers, grouped-query attention: 9 query heads share 3 key/value heads, and
-the router moves the 3 cached heads) the defaults change to what a pretrained model needs: 80
+the router moves the 3 cached heads) the defaults change to what a pretrained model needs: 40
 steps at lr 5e-5 (a usual full fine-tuning rate for a model of this size, the one
 configs/smollm2-sft.yaml uses), 128 held-out solutions; the data, batch, routing probability and
 everything else stay the tiny run's. The worked solutions (not the chat style) because the metric
-is teacher-forced next-token accuracy: a worked solution has about 25 tokens to predict, most of
+is teacher-forced next-token accuracy: a worked solution has tens of tokens to predict, most of
 them copying a number from the prompt or a line above, which is what reading another layer's
 keys and values can break; a chat-style answer is one or two tokens.
 
     python benchmarks/kv_routing.py            # full: 600 fine-tuning steps per arm
     python benchmarks/kv_routing.py --quick    # under two minutes on 2 CPU cores
     python benchmarks/kv_routing.py --model smollm2-135m \
-        --out benchmarks/results/kv_routing_smollm2.json   # about 35 CPU minutes
+        --out benchmarks/results/kv_routing_smollm2.json   # = real_model.py kv_routing
 
 Writes benchmarks/results/kv_routing.json (keys `kv_bytes_ratio_50`, `acc_drop_routed_50`,
 `acc_drop_unrouted_50`, `model`, and details).
@@ -69,7 +69,7 @@ DEFAULTS: dict[str, tuple[dict[str, float], dict[str, float]]] = {
         {"steps": 240, "eval_size": 128, "repeats": 2},
     ),
     "smollm2-135m": (
-        {"steps": 80, "lr": 5e-5, "eval_size": 128, "repeats": 2},
+        {"steps": 40, "lr": 5e-5, "eval_size": 128, "repeats": 2},
         {"steps": 4, "eval_size": 32, "repeats": 1},
     ),
 }
@@ -178,7 +178,7 @@ def main() -> None:
         help="fewer steps (tiny: < 120 s on 2 cores; smollm2-135m: a smoke run)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="fine-tuning steps per arm (600 tiny, 80 smollm2)"
+        "--steps", type=int, default=None, help="fine-tuning steps per arm (600 tiny, 40 smollm2)"
     )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=None, help="AdamW (1e-3 tiny, 5e-5 smollm2)")

@@ -15,7 +15,7 @@ another (`make real-check`).
 - `async`: `benchmarks/async_rl.py` on `configs/smollm2-arith.yaml`: sync against async k=1,
   20 steps each, one repeat (`async_smollm2.json`).
 - `kv_routing`: `benchmarks/kv_routing.py --model smollm2-135m`: both arms fine-tune every
-  weight from the pretrained model on the arith worked solutions (80 steps of 16, lr 5e-5), the
+  weight from the pretrained model on the arith worked solutions (40 steps of 16, lr 5e-5), the
   routed one with routing probability 0.75; then held-out next-token accuracy with 0, 25 and 50%
   of the layer caches shared, KV bytes and decode speed (`kv_routing_smollm2.json`).
 
