@@ -14,16 +14,21 @@ another (`make real-check`).
   and 4096 tokens and held-out accuracy after `configs/smollm2-sft.yaml` (`lars_smollm2.json`).
 - `async`: `benchmarks/async_rl.py` on `configs/smollm2-arith.yaml`: sync against async k=1,
   20 steps each, one repeat (`async_smollm2.json`).
+- `kv_routing`: `benchmarks/kv_routing.py --model smollm2-135m`: both arms fine-tune every
+  weight from the pretrained model on the arith worked solutions (40 steps of 16, lr 5e-5), the
+  routed one with routing probability 0.75; then held-out next-token accuracy with 0, 25 and 50%
+  of the layer caches shared, KV bytes and decode speed (`kv_routing_smollm2.json`).
 
     python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
     python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
     python benchmarks/real_model.py grpo --steps 2      # a smoke run of the same path
+    python benchmarks/real_model.py kv_routing      # routed vs unrouted fine-tune, caches shared
     python benchmarks/real_model.py all             # every built area (make real-check)
 
 Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
 `grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
 `method`, `model`, and the timings; the others: their script's keys plus `model`). The other areas
-of issue 27 (ZO time to accuracy, KV routing, unlearning, sandbagging) are not built here yet:
+of issue 27 (ZO time to accuracy, unlearning, sandbagging) are not built here yet:
 asking for one raises NotImplementedError.
 """
 
@@ -51,8 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GRPO_CONFIG = ROOT / "configs" / "smollm2-arith.yaml"
 LORA_LR = 5e-5  # 10x the config's full-weight lr, the usual ratio for an adapter (chosen a priori)
-AREAS = ("grpo", "lars", "async")
-NOT_BUILT = ("zo", "kv_routing", "unlearning", "sandbagging")
+AREAS = ("grpo", "lars", "async", "kv_routing")
+NOT_BUILT = ("zo", "unlearning", "sandbagging")
 # Areas that are an existing benchmark script on smollm2: its arguments, before `--out`.
 SCRIPTS: dict[str, list[str]] = {
     "lars": [
@@ -63,7 +68,9 @@ SCRIPTS: dict[str, list[str]] = {
         "benchmarks/async_rl.py",
         *("--config", "configs/smollm2-arith.yaml", "--repeats", "1", "--modes", "sync,k1"),
     ],
+    "kv_routing": ["benchmarks/kv_routing.py", "--model", "smollm2-135m"],
 }
+STEPPED = ("grpo", "kv_routing")  # areas whose training steps --steps overrides (smoke runs)
 
 
 def grpo(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,10 +147,12 @@ def show_grpo(report: dict[str, Any]) -> None:
     Console().print(table)
 
 
-def run_script(name: str, out: Path) -> None:
+def run_script(name: str, out: Path, steps: int | None) -> None:
     """An area that is an existing benchmark script: run it on smollm2, writing `out`; its own
-    table is its output."""
+    table is its output. `steps` overrides its training steps (kv_routing only)."""
     command = [sys.executable, *SCRIPTS[name], "--out", str(out)]
+    if steps is not None and name in STEPPED:
+        command += ["--steps", str(steps)]
     print("$", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 
@@ -163,7 +172,9 @@ def main() -> None:
     parser.add_argument(
         "--method", choices=("full", "lora"), default="full", help="grpo: what trains"
     )
-    parser.add_argument("--steps", type=int, default=None, help="grpo: override the config's steps")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="grpo, kv_routing: override the training steps"
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folder here")
     parser.add_argument("--out", type=Path, default=None, help="results file (one area only)")
     args = parser.parse_args()
@@ -173,7 +184,7 @@ def main() -> None:
     for name in names:
         out = results_path(name, args)
         if name in SCRIPTS:
-            run_script(name, out)
+            run_script(name, out, args.steps)
             continue
         report = grpo(args)
         show_grpo(report)

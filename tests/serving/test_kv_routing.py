@@ -1,5 +1,6 @@
 """Stochastic KV routing: sharing patterns, training-time routing, and the engine decoding with
-fewer cached layers exactly as a cacheless recomputation with the same routing would."""
+fewer cached layers exactly as a cacheless recomputation with the same routing would; on the
+tiny model (one key/value head per query head) and on a grouped-query one (SmolLM2's kind)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,30 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
 from leantrain.generation import engine as engine_module
 from leantrain.models import load_model
 from leantrain.models.finetune import backward_token_mean, completion_chunks
+from leantrain.models.tiny_config import tiny_config
 from leantrain.serving.kv_routing import KVRouter, kv_cache_bytes, sharing_pattern
 
 
 @pytest.fixture
 def tiny(tiny_path: Path):
     return load_model(tiny_path)
+
+
+@pytest.fixture
+def gqa(tok):
+    """A random-init tiny Llama whose 4 query heads share 2 key/value heads (grouped-query
+    attention, as SmolLM2-135M's 9 share 3), wide init so greedy margins beat float noise."""
+    torch.manual_seed(0)
+    config = tiny_config(tok)
+    config.num_key_value_heads, config.initializer_range = 2, 0.3
+    return LlamaForCausalLM(config).eval(), tok
 
 
 @pytest.mark.parametrize(
@@ -47,8 +60,11 @@ def _greedy_without_cache(model, prompt: list[int], steps: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-def test_engine_decodes_with_a_smaller_cache_exactly_like_recomputation(tiny, monkeypatch) -> None:
-    model, tokenizer = tiny
+@pytest.mark.parametrize("which", ["tiny", "gqa"])
+def test_engine_decodes_with_a_smaller_cache_exactly_like_recomputation(
+    which, request, monkeypatch
+) -> None:
+    model, tokenizer = request.getfixturevalue(which)
     prompts = [tokenizer.encode(p) for p in ("3 + 4 =", "sum of 1 2 3 is", "7 - 2")]
     caches = []
 
@@ -67,15 +83,16 @@ def test_engine_decodes_with_a_smaller_cache_exactly_like_recomputation(tiny, mo
     for prompt, completion in zip(prompts, shared, strict=True):
         steps = len(completion.response_ids)  # up to 12, fewer if it stopped at EOS
         assert completion.response_ids == _greedy_without_cache(model, prompt, steps)
-    # Sharing changes what the (unrouted) tiny model computes; removing the router restores it.
+    # Sharing changes what the (unrouted) model computes; removing the router restores it.
     assert [c.response_ids for c in shared] != [c.response_ids for c in full]
     router.remove()
     restored = Engine(model, tokenizer, 4).generate(prompts, params)
     assert [c.response_ids for c in restored] == [c.response_ids for c in full]
 
 
-def test_shared_layers_halve_the_cache_bytes(tiny) -> None:
-    model, tokenizer = tiny
+@pytest.mark.parametrize(("which", "kv_heads"), [("tiny", 4), ("gqa", 2)])
+def test_shared_layers_halve_the_cache_bytes(which, kv_heads, request) -> None:
+    model, tokenizer = request.getfixturevalue(which)
     ids = torch.tensor([tokenizer.encode("12 + 30 = 42")] * 3)
     sizes = []
     for shared in ((), (1, 3)):
@@ -85,19 +102,21 @@ def test_shared_layers_halve_the_cache_bytes(tiny) -> None:
             model(input_ids=ids, use_cache=True, **{engine_module.cache_kwarg(model): cache})
         sizes.append(kv_cache_bytes(cache))
         router.remove()
-    # 4 layers x keys and values x (3 rows, 4 heads, 12 tokens, 32 dims) x 4 bytes
-    assert sizes == [4 * 2 * 3 * 4 * 12 * 32 * 4, 2 * 2 * 3 * 4 * 12 * 32 * 4]
+    # 4 layers x keys and values x (3 rows, kv_heads, 12 tokens, 32 dims) x 4 bytes
+    one_layer = 2 * 3 * kv_heads * 12 * 32 * 4
+    assert sizes == [4 * one_layer, 2 * one_layer]
 
 
-def test_training_routing_probability_one_is_full_sharing_and_zero_is_plain(tiny) -> None:
-    model, tokenizer = tiny
+@pytest.mark.parametrize("which", ["tiny", "gqa"])
+def test_training_routing_probability_one_is_full_sharing_and_zero_is_plain(which, request) -> None:
+    model, tokenizer = request.getfixturevalue(which)
     ids = torch.tensor([tokenizer.encode("12 + 30 = 42"), tokenizer.encode("5 * 6 = 30.0")])
     with torch.no_grad():
         plain = model(ids).logits
         router = KVRouter(model, shared=(1, 2, 3))
         all_shared = model(ids).logits  # eval mode: the deployment pattern
         router.remove()
-        model.train()  # the tiny model has no dropout: train mode only switches routing on
+        model.train()  # no dropout: train mode only switches routing on
         for prob, expected in ((1.0, all_shared), (0.0, plain)):
             router = KVRouter(model, route_prob=prob, seed=0)
             torch.testing.assert_close(model(ids).logits, expected)
