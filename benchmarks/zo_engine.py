@@ -36,6 +36,25 @@ and, under `vllm`, against our engine and the losses against the reference.
 Writes benchmarks/results/zo_engine.json (or --out): `speedup` (LoRA target),
 `peak_mem_ratio_vs_inference` (ours, LoRA target), `same_losses` (both targets), with vLLM
 `speedup_vllm_vs_mezo`, and details.
+
+Time to accuracy on a pretrained model (`--model smollm2-135m`; issue 27, `benchmarks/
+real_model.py zo`): the two sides as `leantrain zo` runs them, two `ZORun`s from
+`configs/smollm2-zo.yaml` (LoRA on `sentiment`; `zo.engine: reference` and `inference`), from the
+same start on the same batches and seeds, steps alternating. Every --eval-every steps and after
+the last, each side's accuracy on the same test examples, with the clocks stopped (evaluation
+time is in neither side's time). The target is fixed before training: the zero-shot accuracy +
+--target-gain (5 points); a side's time to it is its summed step time, wall clock and process
+CPU, up to the first evaluation at or above it; a side that never gets there is "not reached"
+(null), never extrapolated. Both sides walk the same loss trajectory, so they reach it at the
+same evaluation unless a near-tie flips; what differs is the time a step takes.
+
+    python benchmarks/zo_engine.py --model smollm2-135m    # 150 steps: ~20 min on 2 idle cores
+    python benchmarks/zo_engine.py --model smollm2-135m --steps 2 --eval-size 10 --eval-every 1
+
+Writes benchmarks/results/zo_smollm2.json (or --out): `model`, `target_accuracy`,
+`zero_shot_accuracy`, `accuracy_after` (per side), `ours_seconds_to_target`,
+`mezo_seconds_to_target` (and `_cpu_`), `time_to_accuracy_ratio` (MeZO's time / ours; also
+`_cpu_time`), the steps/s `speedup`, `same_losses`, `peak_mem_ratio_vs_inference`, `curves`.
 """
 
 from __future__ import annotations
