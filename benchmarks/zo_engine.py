@@ -48,7 +48,7 @@ CPU, up to the first evaluation at or above it; a side that never gets there is 
 (null), never extrapolated. Both sides walk the same loss trajectory, so they reach it at the
 same evaluation unless a near-tie flips; what differs is the time a step takes.
 
-    python benchmarks/zo_engine.py --model smollm2-135m    # 150 steps: ~20 min on 2 idle cores
+    python benchmarks/zo_engine.py --model smollm2-135m    # 150 steps: 35 min at load 5 on 2 cores
     python benchmarks/zo_engine.py --model smollm2-135m --steps 2 --eval-size 10 --eval-every 1
 
 Writes benchmarks/results/zo_smollm2.json (or --out): `model`, `target_accuracy`,
