@@ -36,6 +36,25 @@ and, under `vllm`, against our engine and the losses against the reference.
 Writes benchmarks/results/zo_engine.json (or --out): `speedup` (LoRA target),
 `peak_mem_ratio_vs_inference` (ours, LoRA target), `same_losses` (both targets), with vLLM
 `speedup_vllm_vs_mezo`, and details.
+
+Time to accuracy on a pretrained model (`--model smollm2-135m`; issue 27, `benchmarks/
+real_model.py zo`): the two sides as `leantrain zo` runs them, two `ZORun`s from
+`configs/smollm2-zo.yaml` (LoRA on `sentiment`; `zo.engine: reference` and `inference`), from the
+same start on the same batches and seeds, steps alternating. Every --eval-every steps and after
+the last, each side's accuracy on the same test examples, with the clocks stopped (evaluation
+time is in neither side's time). The target is fixed before training: the zero-shot accuracy +
+--target-gain (5 points); a side's time to it is its summed step time, wall clock and process
+CPU, up to the first evaluation at or above it; a side that never gets there is "not reached"
+(null), never extrapolated. Both sides walk the same loss trajectory, so they reach it at the
+same evaluation unless a near-tie flips; what differs is the time a step takes.
+
+    python benchmarks/zo_engine.py --model smollm2-135m    # 150 steps: 35 min at load 5 on 2 cores
+    python benchmarks/zo_engine.py --model smollm2-135m --steps 2 --eval-size 10 --eval-every 1
+
+Writes benchmarks/results/zo_smollm2.json (or --out): `model`, `target_accuracy`,
+`zero_shot_accuracy`, `accuracy_after` (per side), `ours_seconds_to_target`,
+`mezo_seconds_to_target` (and `_cpu_`), `time_to_accuracy_ratio` (MeZO's time / ours; also
+`_cpu_time`), the steps/s `speedup`, `same_losses`, `peak_mem_ratio_vs_inference`, `curves`.
 """
 
 from __future__ import annotations
@@ -67,6 +86,9 @@ from leantrain.zo.reference import MeZOReference
 from leantrain.zo.scoring import VLLMScorer, make_scorer
 
 RESULTS = Path(__file__).parent / "results" / "zo_engine.json"
+# --model (time to accuracy): the run's settings, and where it writes.
+SMOLLM2_ZO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "smollm2-zo.yaml"
+TIME_TO_ACCURACY_RESULTS = Path(__file__).parent / "results" / "zo_smollm2.json"
 # MeZO's settings: eps 1e-3 for full parameters, 1e-2 with LoRA (lr scaled to the tiny model).
 SETTINGS = {"lora": {"eps": 1e-2, "lr": 1e-3}, "all": {"eps": 1e-3, "lr": 1e-4}}
 SMOLLM2 = {"eps": 1e-2, "lr": 1e-4}  # MeZO's LoRA eps; lr above its 5e-5 for a short run
@@ -147,16 +169,54 @@ def race(
         model = build(base, target, seed)
         stepper = make_stepper(kind, model, target, pad, seed, backend)
         sides[kind] = {"model": model, "stepper": stepper}
-        sides[kind].update(times=[], cpu_times=[], losses=[])
-    for step in range(steps):
-        batch = sample_batch(train, batch_size, seed * 100_003 + step)
-        for side in sides.values():
-            start, cpu = time.perf_counter(), time.process_time()
-            result = side["stepper"].step(batch)
-            side["times"].append(time.perf_counter() - start)
-            side["cpu_times"].append(time.process_time() - cpu)
-            side["losses"].append(result.losses)
+
+    def stepper_step(stepper: Any) -> Callable[[int], list[float]]:
+        return lambda step: (
+            stepper.step(sample_batch(train, batch_size, seed * 100_003 + step)).losses
+        )
+
+    timed = alternate({kind: stepper_step(side["stepper"]) for kind, side in sides.items()}, steps)
+    for kind, side in sides.items():
+        side.update(timed[kind])
     return sides
+
+
+def alternate(
+    sides: dict[str, Callable[[int], list[float]]],
+    steps: int,
+    every: int = 0,
+    checkpoint: Callable[[int], None] | None = None,
+) -> dict[str, dict[str, list]]:
+    """Step i of each side in turn (`sides`: step index -> the losses of its scored states), so
+    that a busy machine slows every side alike; the wall-clock and process CPU time of each step.
+    With `every`, `checkpoint(steps done)` is called after every `every`-th step and the last,
+    outside the timed region."""
+    timed: dict[str, dict[str, list]] = {
+        kind: {"times": [], "cpu_times": [], "losses": []} for kind in sides
+    }
+    for step in range(steps):
+        for kind, step_fn in sides.items():
+            start, cpu = time.perf_counter(), time.process_time()
+            losses = step_fn(step)
+            timed[kind]["times"].append(time.perf_counter() - start)
+            timed[kind]["cpu_times"].append(time.process_time() - cpu)
+            timed[kind]["losses"].append(losses)
+        if checkpoint is not None and every and ((step + 1) % every == 0 or step + 1 == steps):
+            checkpoint(step + 1)
+    return timed
+
+
+def loss_agreement(reference: list[list[float]], ours: list[list[float]]) -> dict[str, Any]:
+    """How closely two sides' per-step losses (every scored state) agree, against the ZO signal
+    |L+ - L-| / L+ that a step must resolve."""
+    flat_ref = [x for step in reference for x in step]
+    flat_ours = [x for step in ours for x in step]
+    rel = max(abs(a - b) / abs(a) for a, b in zip(flat_ref, flat_ours, strict=True))
+    return {
+        "max_rel_loss_diff": rel,
+        "median_rel_zo_signal": statistics.median(abs(p - m) / abs(p) for p, m, *_ in reference),
+        "same_losses": rel <= SAME_LOSS_RTOL,
+    }
 
 
 def padded_inputs(batch: list[Pair], pad: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -304,6 +364,164 @@ def smollm2(steps: int, batch_size: int, eval_size: int, seed: int) -> dict[str,
     }
 
 
+def time_to_accuracy(
+    model: str,
+    steps: int | None,
+    every: int,
+    target_gain: float,
+    eval_size: int,
+    seed: int,
+    device: str,
+) -> dict[str, Any]:
+    """MeZO's loop against our engine in time to a held-out accuracy, as `leantrain zo` runs them:
+    two `ZORun`s from `configs/smollm2-zo.yaml` (model `model`; `zo.engine: reference` and
+    `inference`), so model, LoRA init, data, batches and seeds are the CLI's. Steps alternate;
+    every `every` steps (and after the last) each side's accuracy on the same `eval_size` test
+    examples is measured with the clocks stopped. The target, fixed before training: the
+    zero-shot accuracy + `target_gain`; a side's time to it is its summed step time (wall and
+    process CPU) up to the first evaluation at or above it, None when none is."""
+    from leantrain.settings import load_settings
+    from leantrain.zo.config import ZOConfig
+    from leantrain.zo.run import ZORun
+
+    runs: dict[str, ZORun] = {}
+    with tempfile.TemporaryDirectory(prefix="zo-tta-") as tmp:
+        for kind, engine in (("reference", "reference"), ("ours", "inference")):
+            overrides = {"model.name": model, "task.eval_size": eval_size, "seed": seed}
+            overrides.update({"device": device, "zo.engine": engine, "save": "none"})
+            overrides["out"] = Path(tmp) / kind
+            if steps is not None:
+                overrides["steps"] = steps
+            runs[kind] = ZORun(load_settings(ZOConfig, SMOLLM2_ZO_CONFIG, **overrides))
+        cfg = runs["ours"].config
+        start = [dict(run.model.named_parameters()) for run in runs.values()]
+        if any(not torch.equal(p, start[1][name]) for name, p in start[0].items()):
+            raise RuntimeError("the two runs do not start from the same weights")
+
+        def accuracy(run: ZORun) -> float:
+            return label_accuracy(run.model, run.tokenizer, run.heldout_examples, run.labels)
+
+        # Both start from the same weights (LoRA's B is zero): one zero-shot measurement.
+        zero_shot = accuracy(runs["ours"])
+        target = zero_shot + target_gain
+        print(f"zero-shot {zero_shot:.1%}, target {target:.1%}", flush=True)
+        curves: dict[str, list[dict[str, float]]] = {kind: [] for kind in runs}
+
+        def checkpoint(done: int) -> None:
+            for kind, run in runs.items():
+                curves[kind].append({"step": done, "accuracy": accuracy(run)})
+            line = ", ".join(f"{k} {c[-1]['accuracy']:.1%}" for k, c in curves.items())
+            print(f"step {done}/{cfg.steps}: {line}", flush=True)
+
+        timed = alternate(
+            {kind: (lambda step, r=run: r.step(step)["losses"]) for kind, run in runs.items()},
+            cfg.steps,
+            every,
+            checkpoint,
+        )
+    # Peak memory of one step of each side and of a plain inference forward (LoRA as configured).
+    base, tokenizer = load_model(model, device=device)
+    batch = sample_batch(runs["ours"].train, cfg.zo.batch_size, seed)
+    mem = memory(base, tokenizer.pad_token_id, batch, "lora", seed)
+    for kind, curve in curves.items():
+        for point in curve:  # the training clock at each evaluation (evaluations excluded)
+            point["seconds"] = sum(timed[kind]["times"][: point["step"]])
+            point["cpu_seconds"] = sum(timed[kind]["cpu_times"][: point["step"]])
+    reached = {
+        kind: next((p for p in curve if p["accuracy"] >= target), None)
+        for kind, curve in curves.items()
+    }
+
+    def ratio(key: str) -> float | None:
+        ours, ref = reached["ours"], reached["reference"]
+        return ref[key] / ours[key] if ours and ref and ours[key] > 0 else None
+
+    ref, ours = timed["reference"], timed["ours"]
+    report: dict[str, Any] = {
+        "model": model,
+        "target_accuracy": target,
+        "target_rule": f"zero-shot accuracy + {target_gain:.2f}, fixed before training",
+        "zero_shot_accuracy": zero_shot,
+        "accuracy_after": {kind: curve[-1]["accuracy"] for kind, curve in curves.items()},
+        "ours_accuracy": curves["ours"][-1]["accuracy"],
+        "ours_seconds_to_target": reached["ours"] and reached["ours"]["seconds"],
+        "mezo_seconds_to_target": reached["reference"] and reached["reference"]["seconds"],
+        "ours_cpu_seconds_to_target": reached["ours"] and reached["ours"]["cpu_seconds"],
+        "mezo_cpu_seconds_to_target": reached["reference"] and reached["reference"]["cpu_seconds"],
+        "ours_steps_to_target": reached["ours"] and reached["ours"]["step"],
+        "mezo_steps_to_target": reached["reference"] and reached["reference"]["step"],
+        # MeZO's time over ours (> 1: ours gets there first); None unless both get there.
+        "time_to_accuracy_ratio": ratio("seconds"),
+        "time_to_accuracy_ratio_cpu_time": ratio("cpu_seconds"),
+        "reference_steps_per_s": 1 / statistics.median(ref["times"]),
+        "ours_steps_per_s": 1 / statistics.median(ours["times"]),
+        "speedup_cpu_time": statistics.median(ref["cpu_times"])
+        / statistics.median(ours["cpu_times"]),
+        **loss_agreement(ref["losses"], ours["losses"]),
+        "reference_peak_bytes": mem["reference"],
+        "ours_peak_bytes": mem["ours"],
+        "inference_peak_bytes": mem["inference"],
+        "peak_mem_ratio_vs_inference": mem["ours"] / mem["inference"],
+        "curves": curves,
+        "reference_losses": [step[0] for step in ref["losses"]],
+        "ours_losses": [step[0] for step in ours["losses"]],
+        "eval_excluded_from_clock": True,
+        "config": {
+            "file": str(SMOLLM2_ZO_CONFIG.relative_to(SMOLLM2_ZO_CONFIG.parents[1])),
+            "task": cfg.task.name,
+            "steps": cfg.steps,
+            "eval_every": every,
+            "eval_size": eval_size,
+            "batch_size": cfg.zo.batch_size,
+            "eps": cfg.zo.eps,
+            "lr": cfg.zo.lr,
+            "target": cfg.zo.target,
+            "lora_r": cfg.zo.lora_r,
+            "lora_targets": cfg.zo.lora_targets,
+            "seed": seed,
+            "threads": torch.get_num_threads(),
+            "device": device,
+        },
+    }
+    report["speedup"] = report["ours_steps_per_s"] / report["reference_steps_per_s"]
+    return report
+
+
+def show_time_to_accuracy(report: dict[str, Any]) -> None:
+    """The time-to-accuracy table: each side's accuracy after the run, and its training time
+    (wall and CPU; evaluations excluded) to the target."""
+
+    def seconds(value: float | None) -> str:
+        return "not reached" if value is None else f"{value:.0f}"
+
+    cfg = report["config"]
+    table = Table(
+        title=f"Time to {report['target_accuracy']:.1%} test accuracy ({report['target_rule']}): "
+        f"{report['model']}, LoRA-ZO on {cfg['task']}, {cfg['steps']} steps"
+    )
+    for col in ("side", "steps/s", "acc after", "steps to target", "s to target", "CPU s"):
+        table.add_column(col, justify="right")
+    for kind, key in (("reference", "mezo"), ("ours", "ours")):
+        table.add_row(
+            "MeZO's loop" if kind == "reference" else "our engine",
+            f"{report[f'{kind}_steps_per_s']:.3f}",
+            f"{report['accuracy_after'][kind]:.1%}",
+            str(report[f"{key}_steps_to_target"] or "-"),
+            seconds(report[f"{key}_seconds_to_target"]),
+            seconds(report[f"{key}_cpu_seconds_to_target"]),
+        )
+    console = Console(width=160)
+    console.print(table)
+    ratio, cpu_ratio = report["time_to_accuracy_ratio"], report["time_to_accuracy_ratio_cpu_time"]
+    console.print(
+        f"zero-shot {report['zero_shot_accuracy']:.1%}; steps/s speedup {report['speedup']:.2f}x "
+        f"({report['speedup_cpu_time']:.2f}x CPU time); time-to-accuracy ratio (MeZO / ours) "
+        + (f"{ratio:.2f}x ({cpu_ratio:.2f}x CPU time)" if ratio else "none: a side did not reach")
+        + f"; max rel loss diff {report['max_rel_loss_diff']:.1e}; evaluations excluded from "
+        "the clocks"
+    )
+
+
 def vllm_row(
     base: PreTrainedModel, pad: int, train: list[Pair], steps: int, batch_size: int, seed: int
 ) -> dict[str, Any]:
@@ -326,8 +544,8 @@ def vllm_row(
         scorer.backend,
     )  # fmt: skip
     steps_per_s = {kind: 1 / statistics.median(side["times"]) for kind, side in sides.items()}
-    flat = {kind: [x for step in side["losses"] for x in step] for kind, side in sides.items()}
-    rel = max(abs(a - b) / abs(a) for a, b in zip(flat["reference"], flat["vllm"], strict=True))
+    agreement = loss_agreement(sides["reference"]["losses"], sides["vllm"]["losses"])
+    rel = agreement["max_rel_loss_diff"]
     return {
         "steps": steps,
         "reference_steps_per_s": steps_per_s["reference"],
@@ -346,7 +564,12 @@ def vllm_row(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (< 120 s on 2 cores)")
-    parser.add_argument("--steps", type=int, default=200, help="ZO steps per side and target")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="ZO steps per side and target (default 200); with --model, the config's steps",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="MeZO's 16")
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--adamw-steps", type=int, default=200)
@@ -354,7 +577,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"results file (default {RESULTS.name}; with --model {TIME_TO_ACCURACY_RESULTS.name})",
+    )
     parser.add_argument(
         "--vllm",
         action=argparse.BooleanOptionalAction,
@@ -364,6 +592,22 @@ def main() -> None:
     )
     parser.add_argument("--vllm-steps", type=int, default=None, help="default: --steps")
     parser.add_argument(
+        "--model",
+        default="tiny",
+        help="a pretrained model (smollm2-135m): time to accuracy, MeZO's loop against our "
+        f"engine as `leantrain zo` runs them ({SMOLLM2_ZO_CONFIG.name}), writing "
+        f"{TIME_TO_ACCURACY_RESULTS.name} by default; tiny: the engine race above",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=50, help="--model: steps between accuracy checks"
+    )
+    parser.add_argument(
+        "--target-gain",
+        type=float,
+        default=0.05,
+        help="--model: the target accuracy is the zero-shot accuracy + this (fixed a priori)",
+    )
+    parser.add_argument(
         "--vllm-model", default="tiny", help="model of the vLLM race (e.g. smollm2-135m)"
     )
     args = parser.parse_args()
@@ -371,6 +615,26 @@ def main() -> None:
         from leantrain.generation.vllm_backend import vllm_available
 
         args.vllm = not args.quick and vllm_available()
+    if args.model != "tiny":
+        if args.quick:
+            parser.error("--quick is the tiny model's run; for a short --model run use --steps")
+        torch.set_num_threads(args.threads)
+        report = time_to_accuracy(
+            args.model,
+            args.steps,
+            args.eval_every,
+            args.target_gain,
+            args.eval_size,
+            args.seed,
+            args.device,
+        )
+        show_time_to_accuracy(report)
+        out = args.out or TIME_TO_ACCURACY_RESULTS
+        write_benchmark_json(out, report)
+        print(f"wrote {out}")
+        return
+    args.out = args.out or RESULTS
+    args.steps = args.steps or 200
     if args.quick:
         args.steps, args.eval_size, args.adamw_steps, args.smollm2_steps = 12, 100, 12, 0
     torch.set_num_threads(args.threads)
@@ -386,10 +650,7 @@ def main() -> None:
     for target in ("lora", "all"):
         sides = race(base, pad, train, target, args.steps, args.batch_size, args.seed)
         ref, ours = sides["reference"], sides["ours"]
-        flat_ref = [x for step in ref["losses"] for x in step]
-        flat_ours = [x for step in ours["losses"] for x in step]
-        rel = max(abs(a - b) / abs(a) for a, b in zip(flat_ref, flat_ours, strict=True))
-        signal = statistics.median(abs(p - m) / abs(p) for p, m, *_ in ref["losses"])
+        agreement = loss_agreement(ref["losses"], ours["losses"])
         mem = memory(base, pad, sample_batch(train, args.batch_size, 0), target, args.seed)
         results[target] = {
             "reference_steps_per_s": 1 / statistics.median(ref["times"]),
@@ -399,9 +660,7 @@ def main() -> None:
             "reference_peak_bytes": mem["reference"],
             "ours_peak_bytes": mem["ours"],
             "inference_peak_bytes": mem["inference"],
-            "max_rel_loss_diff": rel,
-            "median_rel_zo_signal": signal,  # |L+ - L-| / L+, what the comparison must resolve
-            "same_losses": rel <= SAME_LOSS_RTOL,
+            **agreement,
             "reference_losses": [step[0] for step in ref["losses"]],
             "ours_losses": [step[0] for step in ours["losses"]],
             "zero_shot_accuracy": zero_shot,

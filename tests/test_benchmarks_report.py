@@ -47,3 +47,11 @@ def test_a_claim_is_met_by_its_comparison(tmp_path: Path, monkeypatch) -> None:
         "| issue 0 |"
     )
     assert "| 1.40x | >= 1.50x | **no** |" in missed
+
+
+def test_a_null_figure_is_shown_as_none_and_not_met(tmp_path: Path, monkeypatch) -> None:
+    stamped = {"commit": "abc1234", "date": "2026-12-01T10:00:00+00:00", "machine": "2 CPU cores"}
+    (tmp_path / "x.json").write_text(json.dumps({**stamped, "ratio": None}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    line = report.row(report.Claim("x", "x.json", "ratio", ">=", 2.0, "{:.2f}x", "issue 0"))
+    assert "| x | none | >= 2.00x | **no** |" in line
