@@ -266,12 +266,12 @@ class LlamaDecoder:
             qk = _rotate(qk, cos, sin)  # queries and keys rotated in one pass
             v = qkv[:, self.qk_width :].view(-1, self.kv_heads, self.head_dim)
             outs = []
-            for f, grid, mask, runs, lo, hi in zip(
-                feeds, grids, masks, spans, bounds, bounds[1:], strict=False
+            for f, grid, fresh, mask, runs, lo, hi in zip(
+                feeds, grids, prefills, masks, spans, bounds, bounds[1:], strict=False
             ):
                 q, k = qk[lo:hi, : self.heads], qk[lo:hi, self.heads :]  # (N_f, heads, d)
                 k_all, v_all = f.cache.update(grid.heads_first(k), grid.heads_first(v[lo:hi]), i)
-                if mask is None:  # a prefill: each run of equal-length rows on its own tokens
+                if fresh:  # a prefill: each run of equal-length rows on its own tokens
                     outs.append(self._attend_prompts(q, k, v[lo:hi], runs))
                     continue
                 a = self._attend(grid.heads_first(q), k_all, v_all, mask, runs)  # (B, h, n, d)
@@ -319,17 +319,18 @@ class LlamaDecoder:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         runs: list[tuple[int, int, int]],
     ) -> torch.Tensor:
         """Grouped-query attention of (B, heads, n, d) queries over (B, kv_heads, T, d) keys
-        and values under (B, 1, n, T) `mask`, each run of rows from its first used column."""
+        and values under (B, 1, n, T) `mask` (None: every column seen), each run of rows from
+        its first used column."""
         parts = [
             F.scaled_dot_product_attention(
                 q[lo:hi],
                 k[lo:hi, :, start:],
                 v[lo:hi, :, start:],
-                attn_mask=mask[lo:hi, ..., start:],
+                attn_mask=None if mask is None else mask[lo:hi, ..., start:],
                 scale=self.head_dim**-0.5,
                 enable_gqa=True,
             )
@@ -422,10 +423,11 @@ def _length_runs(columns: torch.Tensor) -> list[tuple[int, int]]:
     return [(c, n) for n, c in zip(lengths.tolist(), counts.tolist(), strict=True)]
 
 
-def _attention_mask(columns: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+def _attention_mask(columns: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor | None:
     """(B, 1, n, T) additive mask in `dtype` (0 where seen, -inf elsewhere): new token i sees
-    the real cache columns up to its own. Additive once per forward, since attention would
-    otherwise turn a boolean mask into this in every layer.
+    the real cache columns up to its own; None when one new token per row sees every column
+    (no padding, as at batch 1). Additive once per forward, since attention would otherwise
+    turn a boolean mask into this in every layer.
 
     `columns` (B, T) marks real tokens; the n new tokens are its last n columns. A padding
     query, should one be fed, sees only itself: a query seeing nothing gives NaN, which would
@@ -433,6 +435,8 @@ def _attention_mask(columns: torch.Tensor, n: int, dtype: torch.dtype) -> torch.
     """
     width = columns.shape[1]
     seen = columns.bool()[:, None, None, :]  # (B, 1, 1, T)
+    if n == 1 and bool(seen.all()):
+        return None
     if n > 1:
         query = torch.arange(width - n, width, device=columns.device)[:, None]  # (n, 1)
         key = torch.arange(width, device=columns.device)[None, :]  # (1, T)
