@@ -195,13 +195,29 @@ def test_grpo_run_with_its_learner_on_the_learner_node_and_workers_on_the_rollou
     assert (cfg.out / "checkpoints").is_dir()
 
 
-def test_two_learner_ranks_train_on_the_learner_node(cluster, tmp_path: Path) -> None:
+def test_two_learner_ranks_train_on_the_learner_node_with_async_workers(
+    cluster, tmp_path: Path
+) -> None:
     from leantrain.rl.ray_placement import run_learner_group
 
-    cfg = _run_config(cluster, tmp_path / "run", steps=2, **{"distributed.ray_learner_ranks": 2})
+    cfg = _run_config(
+        cluster,
+        tmp_path / "run",
+        **{
+            "steps": 2,
+            "distributed.ray_learner_ranks": 2,
+            "orchestrator.mode": "async",
+            "orchestrator.backend": "ray",
+            "orchestrator.ray_rollout_resource": "rollout",
+            "orchestrator.timeout_s": 60.0,
+        },
+    )
     placed = run_learner_group(cfg)
     assert [p.node_id for p in placed] == [cluster["learner"]] * 2
-    assert placed[0].value["steps"] == 2 and placed[1].value == {}  # rank 0 reports
+    summary = placed[0].value  # rank 0 reports
+    assert summary["steps"] == 2 and summary["backend"] == "ray" and placed[1].value == {}
+    # Rank 0 placed its rollout actors on the rollout node (if one booted before the end).
+    assert set(summary["rollout_nodes"].values()) <= {cluster["rollout"]}
     assert len((cfg.out / "metrics.jsonl").read_text().splitlines()) == 2
     shards = {p.name for p in (cfg.out / "checkpoints" / "step-000002").glob("__*.distcp")}
     assert shards == {"__0_0.distcp", "__1_0.distcp"}  # each rank wrote its own

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from leantrain.distributed import leave
+from leantrain.distributed.launch import spawn_ranks
 from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
 from leantrain.rl.orchestrator import Orchestrator
@@ -101,3 +103,73 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     assert set(prompts.values()) == {1}
     for step, batch in enumerate(trained):
         assert all(len(set(t.versions)) == 1 and 0 <= step - t.versions[0] <= 1 for t in batch)
+
+
+ASYNC_ON_TWO_RANKS = {
+    "steps": 5,
+    "device": "cpu",
+    "threads": 1,
+    "task.eval_size": 2,
+    "sampling.max_new_tokens": 24,
+    "grpo.prompts_per_step": 2,
+    "grpo.group_size": 4,
+    "grpo.lr": 1e-3,
+    "orchestrator.mode": "async",
+    "orchestrator.backend": "process",
+    "orchestrator.max_staleness": 1,
+    "orchestrator.timeout_s": 120.0,
+    "distributed.timeout_s": 120.0,
+}
+
+
+def _async_rank(rank: int, model: str, out: str) -> None:
+    """Rank 0 drives the orchestrator as `GRPORun.run` does, but waits for its worker to boot
+    after the first step (the tiny model would otherwise finish before it does); rank 1 is
+    what any other rank runs (`_follow`)."""
+    cfg = load_settings(RLConfig, None, **ASYNC_ON_TWO_RANKS, **{"model.name": model}, out=out)
+    run = GRPORun(cfg, progress=False)
+    if rank != 0:
+        run.run()
+        return
+    with Orchestrator(cfg, run.learner, run.source, run.log_step) as orchestrator:
+        orchestrator.step()
+        deadline = time.monotonic() + 120
+        while not orchestrator.pool.ready(0):
+            assert time.monotonic() < deadline, "the worker never became ready"
+            time.sleep(0.1)
+        while run.step < cfg.steps:
+            orchestrator.step()
+            if run._checkpoint_due():  # the other rank writes its shards at the same steps
+                run._checkpoint()
+    leave()
+
+
+@pytest.mark.slow  # 2 ranks and a worker process start (import torch): ~30-60 s on 2 cores
+def test_async_on_two_ranks_trains_worker_batches_in_lockstep(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    """Async over 2 data-parallel ranks: rank 0 takes batches from a rollout worker process and
+    publishes from its unsharded copy, rank 1 trains its share of each in lockstep. Worker
+    batches are trained within the staleness bound, and step 1 (the trainer's batch 0 on the
+    starting weights) has the loss and gradient norm of one process on the same batch."""
+    codes = spawn_ranks(_async_rank, (str(tiny_path), str(tmp_path / "two")), timeout_s=400)
+    assert codes == [0, 0]
+    records = [
+        json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert any(r["batch_worker"].startswith("process-worker") for r in records)
+    assert all(r["staleness_max"] <= 1 for r in records)
+    cfg = load_settings(
+        RLConfig,
+        None,
+        **{**ASYNC_ON_TWO_RANKS, "orchestrator.mode": "sync", "steps": 1},
+        **{"model.name": str(tiny_path)},
+        out=tmp_path / "one",
+    )
+    one = GRPORun(cfg, progress=False)
+    one.run()
+    first = one.metrics.read()[0]
+    assert records[0]["batch_worker"] == "trainer" and records[0]["reward"] == first["reward"]
+    for key in ("loss", "grad_norm"):
+        assert abs(records[0][key] - first[key]) <= 1e-5, key

@@ -31,18 +31,17 @@ def test_a_placement_setting_without_what_it_needs_is_named(settings, message) -
         load_settings(RLConfig, None, **settings)
 
 
-def test_several_learner_ranks_with_async_workers_are_not_wired() -> None:
+def test_several_learner_ranks_with_lora_are_not_wired() -> None:
     cfg = load_settings(
         RLConfig,
         None,
         **{
-            "orchestrator.mode": "async",
-            "orchestrator.backend": "ray",
+            "lora.enabled": True,
             "distributed.ray_learner_resource": "learner",
             "distributed.ray_learner_ranks": 2,
         },
     )
-    with pytest.raises(NotImplementedError, match=r"ray_learner_ranks 2 .*issue 24"):
+    with pytest.raises(NotImplementedError, match=r"ray_learner_ranks 2 with lora.*issue 24"):
         run_learner_group(cfg)
 
 

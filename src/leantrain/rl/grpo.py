@@ -16,7 +16,8 @@ async or partial mode sources in workers run ahead of the learner. This file set
 the loop, evaluates before and after, logs every step and checkpoints.
 
 On N ranks (torchrun, or `leantrain rl --nproc-per-node N`), rank 0 is this whole run: it
-generates every batch, evaluates, logs, checkpoints and publishes; every rank trains its share of
+generates every batch (or takes it from its rollout workers in async and partial modes),
+evaluates, logs, checkpoints and publishes; every rank trains its share of
 each batch through the one `Learner` (rl/learner.py says how), and the other ranks do nothing
 else (`_follow`). Generation stays on rank 0 because a batch is then one batch whatever the
 backend's numerics; with vLLM servers it runs elsewhere anyway.
@@ -137,10 +138,11 @@ class GRPORun:
                 f"grpo.group_size = {cfg.grpo.prompts_per_step} x {cfg.grpo.group_size} = "
                 f"{batch} trajectories; use a rank count that divides it"
             )
-        if cfg.orchestrator.mode != "sync" or cfg.speculative.enabled or cfg.lora.enabled:
+        # Async and partial modes need nothing more: rank 0's orchestrator makes one learner
+        # step per batch, as the others do (`_follow`), and publishes from its unsharded copy.
+        if cfg.speculative.enabled or cfg.lora.enabled:
             raise NotImplementedError(
-                "more than one rank runs orchestrator.mode: sync without speculative.enabled "
-                "or lora.enabled only, for now"
+                "more than one rank runs without speculative.enabled or lora.enabled only, for now"
             )
         self.world = join(self.device, cfg.distributed.timeout_s)
         self.device = self.world.device

@@ -31,15 +31,13 @@ def run_learner_group(config: RLConfig, resume: bool = False) -> list[Placed]:
     d, o = config.distributed, config.orchestrator
     if d.ray_learner_resource is None:
         raise LeantrainError("run_learner_group needs distributed.ray_learner_resource")
-    if d.ray_learner_ranks > 1 and (o.mode != "sync" or config.speculative.enabled):
-        # GRPORun refuses async and speculation on more than one rank (rank 0 would drive the
-        # rollout workers while the others wait in collectives): not wired yet.
+    if d.ray_learner_ranks > 1 and (config.speculative.enabled or config.lora.enabled):
+        # GRPORun refuses these on more than one rank; said here, before any actor is placed.
         raise NotImplementedError(
-            f"distributed.ray_learner_ranks {d.ray_learner_ranks} with orchestrator.mode "
-            f"{o.mode!r}"
-            + (" and speculative.enabled" if config.speculative.enabled else "")
-            + " is not wired yet (issue 24): more than one learner rank runs mode sync only; "
-            "use ray_learner_ranks 1 to place async rollout workers beside one learner"
+            f"distributed.ray_learner_ranks {d.ray_learner_ranks} with "
+            + ("speculative.enabled" if config.speculative.enabled else "lora.enabled")
+            + " is not wired yet (issue 24): more than one learner rank runs without "
+            "speculation or LoRA; use ray_learner_ranks 1"
         )
     ray = import_ray("distributed.ray_learner_resource")
     connected = ray.is_initialized()
