@@ -14,6 +14,13 @@ another (`make real-check`).
   and 4096 tokens and held-out accuracy after `configs/smollm2-sft.yaml` (`lars_smollm2.json`).
 - `async`: `benchmarks/async_rl.py` on `configs/smollm2-arith.yaml`: sync against async k=1,
   20 steps each, one repeat (`async_smollm2.json`).
+- `unlearning`: `benchmarks/unlearning.py --model smollm2-135m`: SmolLM2 fine-tuned to memorise
+  the private-facts corpus (`RECIPES` in safety/memorise.py, built once and cached), NPO and
+  multi-layer RMU against the direct, in-context and relearning attacks and the probe, beside the
+  memorised and retain-only rows, one seed (`unlearning_smollm2.json`).
+- `sandbagging`: `benchmarks/sandbagging.py --model smollm2-135m`: SmolLM2 password-locked on
+  worked `arith` through its chat template, then SFT on weak demos, RL against the weak grader
+  and SFT then RL (configs/elicit-smollm2.yaml; `sandbagging_smollm2.json`).
 
     python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
     python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
@@ -23,7 +30,7 @@ another (`make real-check`).
 Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
 `grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
 `method`, `model`, and the timings; the others: their script's keys plus `model`). The other areas
-of issue 27 (ZO time to accuracy, KV routing, unlearning, sandbagging) are not built here yet:
+of issue 27 (ZO time to accuracy, KV routing) are not built here yet:
 asking for one raises NotImplementedError.
 """
 
@@ -51,8 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GRPO_CONFIG = ROOT / "configs" / "smollm2-arith.yaml"
 LORA_LR = 5e-5  # 10x the config's full-weight lr, the usual ratio for an adapter (chosen a priori)
-AREAS = ("grpo", "lars", "async")
-NOT_BUILT = ("zo", "kv_routing", "unlearning", "sandbagging")
+AREAS = ("grpo", "lars", "async", "unlearning", "sandbagging")
+NOT_BUILT = ("zo", "kv_routing")
 # Areas that are an existing benchmark script on smollm2: its arguments, before `--out`.
 SCRIPTS: dict[str, list[str]] = {
     "lars": [
@@ -63,6 +70,8 @@ SCRIPTS: dict[str, list[str]] = {
         "benchmarks/async_rl.py",
         *("--config", "configs/smollm2-arith.yaml", "--repeats", "1", "--modes", "sync,k1"),
     ],
+    "unlearning": ["benchmarks/unlearning.py", "--model", "smollm2-135m"],
+    "sandbagging": ["benchmarks/sandbagging.py", "--model", "smollm2-135m"],
 }
 
 
