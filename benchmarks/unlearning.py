@@ -80,6 +80,18 @@ def median_of(runs: list[dict]) -> dict:
     }
 
 
+def print_row(name: str, r: dict, seconds: float | None) -> None:
+    """One row's figures as soon as they are measured (a long run's log keeps what it got)."""
+    figures = ", ".join(
+        f"{k} {r[k]:.0%}" for k in ("direct", "in_context", "relearn", "retain_utility")
+    )
+    print(
+        f"{name}: {figures}, forget quality {r['forget_quality']:.2g}, "
+        f"probe {r['probe'][DEEP_LAYER]:.0%}, {seconds} s",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -135,8 +147,10 @@ def main() -> None:
                 runs.append(audit_model(model, tokenizer, corpus, reference, audit_cfg))
             results[name] = median_of(runs)
             seconds[name] = round(time.perf_counter() - t0, 1)
+            print_row(name, results[name], seconds[name])
         status.update("retain-only control")
         results["retain-only"] = audit_model(retain_model, tokenizer, corpus, reference, audit_cfg)
+        print_row("retain-only", results["retain-only"], None)
 
     memorised = results["memorised"]["direct"]
     table = Table(title=f"unlearning audit: extraction rate on forget_eval people ({args.model})")
