@@ -109,7 +109,8 @@ def main() -> None:
     parser.add_argument(
         "--methods", nargs="+", default=None, choices=METHODS, help="default: DEFAULT_METHODS"
     )
-    parser.add_argument("--relearn-steps", type=int, default=None)
+    parser.add_argument("--relearn-steps", type=int, default=None, help="relearning attack steps")
+    parser.add_argument("--relearn-lr", type=float, default=None, help="relearning attack lr")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--report", type=Path, default=None, help="also write audit.md/png here")
@@ -129,6 +130,8 @@ def main() -> None:
     audit_cfg = AuditConfig(**AUDIT_BY_MODEL[args.model])
     if args.relearn_steps is not None:
         audit_cfg = audit_cfg.model_copy(update={"relearn_steps": args.relearn_steps})
+    if args.relearn_lr is not None:
+        audit_cfg = audit_cfg.model_copy(update={"relearn_lr": args.relearn_lr})
 
     retain_model, tokenizer = load_model(retain_dir, device="cpu")
     reference = truth_ratios(retain_model, tokenizer, corpus, corpus.facts("forget"))
