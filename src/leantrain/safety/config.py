@@ -29,12 +29,15 @@ TUNED: dict[str, dict[str, float]] = {
     "rmu_multilayer": {"steps": 80, "lr": 1e-3, "retain_weight": 30.0},
 }
 # The same on SmolLM2-135M-Instruct memorised with `RECIPES["smollm2-135m"]` (safety/memorise.py),
-# for the two methods its audit runs. Chosen a priori, not tuned (there was no time for a grid on
+# for the methods its audit runs. Chosen a priori, not tuned (there was no time for a grid on
 # the training data in a 45-minute run; nothing was picked on forget_eval): a pretrained 135M
 # model's step costs ~150x the tiny one's, so 20 steps of 16, at 1e-4, a fifth of the peak rate
 # that memorised the facts (a pretrained model fine-tunes at ~1e-5 to 1e-4; the tiny model's
 # 5e-4 and 1e-3 would wreck it); the retain weights are the tiny model's.
+# GA (not in the default run; `--methods ga`), the method whose facts relearning brought back
+# most on the tiny model: a fifth of NPO's rate, since its loss is unbounded (NPO bounds it).
 TUNED_SMOLLM2: dict[str, dict[str, float]] = {
+    "ga": {"steps": 20, "lr": 2e-5, "retain_weight": 0.0},
     "npo": {"steps": 20, "lr": 1e-4, "retain_weight": 4.0},
     "rmu_multilayer": {"steps": 20, "lr": 1e-4, "retain_weight": 30.0},
 }
@@ -109,11 +112,13 @@ class AuditConfig(Strict):
 
 
 # The relearning attack's strength per base model (AuditConfig's defaults are the tiny model's).
-# SmolLM2's, chosen a priori: a quarter of the steps (its steps cost ~150x the tiny model's) at
-# twice the rate, 2e-4, under the 5e-4 peak that memorised the facts.
+# SmolLM2's: 10 steps (a step costs ~150x the tiny model's) at 5e-5, a tenth of the peak rate that
+# memorised the facts. Calibrated as the tiny model's attack was, on the memorised model (the
+# attack should not wipe the facts it is meant to reveal): the first, a-priori choice, 10 x 2e-4,
+# took its forget_eval extraction from 62% to 33%; 5e-5 leaves 46% (docs/safety.md has both runs).
 AUDIT_BY_MODEL: dict[str, dict[str, Any]] = {
     "tiny": {},
-    "smollm2-135m": {"relearn_steps": 10, "relearn_lr": 2e-4},
+    "smollm2-135m": {"relearn_steps": 10, "relearn_lr": 5e-5},
 }
 
 
