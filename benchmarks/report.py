@@ -89,6 +89,8 @@ CLAIMS = [
     Claim("unlearning: relearning brings back what GA hid, minus the never-saw control (tiny, quick)", "unlearning.json", "extraction_after_relearn.ga - results.retain-only.relearn", ">", 0.0, points, "PrivUn arXiv 2604.22076"),
     Claim("unlearning: relearning brings back what NPO hid, minus the never-saw control (tiny, quick)", "unlearning.json", "extraction_after_relearn.npo - results.retain-only.relearn", ">", 0.0, points, "PrivUn arXiv 2604.22076"),
     Claim("unlearning: the same after multi-layer RMU (tiny, quick)", "unlearning.json", "extraction_after_relearn.rmu_multilayer - results.retain-only.relearn", ">", 0.0, points, "PrivUn arXiv 2604.22076"),
+    Claim("unlearning: relearning brings back what NPO hid, minus the never-saw control (smollm2-135m)", "unlearning_smollm2.json", "extraction_after_relearn.npo - results.retain-only.relearn", ">", 0.0, points, "issue 27; PrivUn arXiv 2604.22076"),
+    Claim("unlearning: the same after multi-layer RMU (smollm2-135m; it forgot little: 62% -> 54%)", "unlearning_smollm2.json", "extraction_after_relearn.rmu_multilayer - results.retain-only.relearn", ">", 0.0, points, "issue 27; PrivUn arXiv 2604.22076"),
     Claim("sandbagging: SFT on weak demos minus the locked floor (tiny, quick)", "sandbagging.json", "sft_acc - locked_acc", ">", 0.0, points, "Ryd et al. arXiv 2604.22082"),
     Claim("sandbagging: SFT then RL minus SFT alone (tiny, quick)", "sandbagging.json", "sft_rl_acc - sft_acc", ">", 0.0, points, "Ryd et al. arXiv 2604.22082"),
     Claim("KV routing: KV bytes with half the layers shared", "kv_routing.json", "kv_bytes_ratio_50", "<=", 0.5, "{:.2f}x", "issue 7; arXiv 2604.22782"),
