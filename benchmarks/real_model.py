@@ -25,13 +25,14 @@ another (`make real-check`).
     python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
     python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
     python benchmarks/real_model.py grpo --steps 2      # a smoke run of the same path
+    python benchmarks/real_model.py unlearning  # 11 min on the shared 2 cores, after the build
     python benchmarks/real_model.py all             # every built area (make real-check)
 
 Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
 `grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
 `method`, `model`, and the timings; the others: their script's keys plus `model`). The other areas
-of issue 27 (ZO time to accuracy, KV routing) are not built here yet:
-asking for one raises NotImplementedError.
+of issue 27 (ZO time to accuracy, KV routing) are not built here yet: asking for one raises
+NotImplementedError.
 """
 
 from __future__ import annotations
