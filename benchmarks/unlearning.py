@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leantrain.models import load_model
-from leantrain.safety.attacks import truth_ratios
+from leantrain.safety.attacks import extraction_rate, truth_ratios
 from leantrain.safety.audit import audit_model, write_report
 from leantrain.safety.config import (
     AUDIT_BY_MODEL,
@@ -54,6 +54,7 @@ from leantrain.safety.config import (
     AuditConfig,
     UnlearnConfig,
 )
+from leantrain.safety.corpus import PrivateFacts
 from leantrain.safety.memorise import RECIPES, ensure_memorised
 from leantrain.safety.unlearn import unlearn
 from leantrain.telemetry.report import write_benchmark_json
@@ -78,6 +79,28 @@ def median_of(runs: list[dict]) -> dict:
         else float(np.median([r[key] for r in runs]))
         for key in runs[0]
     }
+
+
+def select_lr(
+    full_dir: Path, corpus: PrivateFacts, methods: list[str], tuned: dict, rates: list[float]
+) -> None:
+    """Each method at each learning rate (its tuned steps and retain weight): direct extraction
+    on the `forget_attack` people and retain utility, printed. Training data only (unlearning
+    reads the whole forget set; the audit reports `forget_eval`, never read here): how a new
+    model's rates are picked without looking at the test split."""
+    for name in methods:
+        for lr in rates:
+            t0 = time.perf_counter()
+            model, tokenizer = load_model(full_dir, device="cpu")
+            cfg = UnlearnConfig(**{**tuned[name], "method": name, "lr": lr})
+            unlearn(model, tokenizer, corpus, cfg, progress=False)
+            attack = extraction_rate(model, tokenizer, corpus.facts("forget_attack"))
+            retain = extraction_rate(model, tokenizer, corpus.facts("retain"))
+            print(
+                f"{name} lr={lr:g}: forget_attack direct {attack:.0%}, retain utility {retain:.0%}"
+                f" ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
 
 
 def print_row(name: str, r: dict, seconds: float | None) -> None:
@@ -111,6 +134,14 @@ def main() -> None:
     )
     parser.add_argument("--relearn-steps", type=int, default=None, help="relearning attack steps")
     parser.add_argument("--relearn-lr", type=float, default=None, help="relearning attack lr")
+    parser.add_argument(
+        "--select-lr",
+        nargs="+",
+        type=float,
+        default=None,
+        help="only pick learning rates: unlearn at each, print forget_attack extraction and "
+        "retain utility (training data only; no audit, forget_eval never read)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--report", type=Path, default=None, help="also write audit.md/png here")
@@ -127,6 +158,9 @@ def main() -> None:
     retain_dir = ensure_memorised(recipe, "retain")
     build_s = time.perf_counter() - build_start
     corpus = recipe.corpus
+    if args.select_lr:
+        select_lr(full_dir, corpus, methods, tuned, args.select_lr)
+        return
     audit_cfg = AuditConfig(**AUDIT_BY_MODEL[args.model])
     if args.relearn_steps is not None:
         audit_cfg = audit_cfg.model_copy(update={"relearn_steps": args.relearn_steps})
