@@ -133,6 +133,9 @@ class WeakGraderGRPO(GRPORun):
     def _setup_task(self) -> None:
         super()._setup_task()
         self.task = WeakGraderArith(**self.config.task.options)
+        # The rollouts score with the task they were handed, so they need the grader too (without
+        # this line training rewards were the true answers and only evaluation used the grader).
+        self.source.task = self.task
 
 
 def sft_elicit(
