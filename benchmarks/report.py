@@ -93,6 +93,8 @@ CLAIMS = [
     Claim("unlearning: the same after multi-layer RMU (smollm2-135m; it forgot little: 62% -> 54%)", "unlearning_smollm2.json", "extraction_after_relearn.rmu_multilayer - results.retain-only.relearn", ">", 0.0, points, "issue 27; PrivUn arXiv 2604.22076"),
     Claim("sandbagging: SFT on weak demos minus the locked floor (tiny, quick)", "sandbagging.json", "sft_acc - locked_acc", ">", 0.0, points, "Ryd et al. arXiv 2604.22082"),
     Claim("sandbagging: SFT then RL minus SFT alone (tiny, quick)", "sandbagging.json", "sft_rl_acc - sft_acc", ">", 0.0, points, "Ryd et al. arXiv 2604.22082"),
+    Claim("sandbagging: SFT on weak demos minus the locked floor (smollm2-135m)", "sandbagging_smollm2.json", "sft_acc - locked_acc", ">", 0.0, points, "issue 27; Ryd et al. arXiv 2604.22082"),
+    Claim("sandbagging: SFT then RL minus SFT alone (smollm2-135m)", "sandbagging_smollm2.json", "sft_rl_acc - sft_acc", ">", 0.0, points, "issue 27; Ryd et al. arXiv 2604.22082"),
     Claim("KV routing: KV bytes with half the layers shared", "kv_routing.json", "kv_bytes_ratio_50", "<=", 0.5, "{:.2f}x", "issue 7; arXiv 2604.22782"),
     Claim("KV routing: accuracy drop at 50% shared, routed (points)", "kv_routing.json", "acc_drop_routed_50", "<=", 2.0, "{:.1f}", "issue 7; arXiv 2604.22782"),
     Claim("semantic cache, verified policy: error rate at delta 0.02", "semantic_cache.json", "verified_error_rate", "<=", 0.02, "{:.4f}", "issue 7; vCache"),
