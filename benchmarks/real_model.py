@@ -1,6 +1,6 @@
 """The real check (issue 27): an area's headline result on SmolLM2-135M-Instruct (the
 `smollm2-135m` preset, a pretrained model shipped on PyPI), on this CPU, with the same code the
-tiny model's results come from. One area per call; `all` runs every area built so far, one after
+tiny model's results come from. One area per call; `all` runs every area, one after
 another (`make real-check`).
 
 - `grpo`: `leantrain rl` on `configs/smollm2-arith.yaml`: full fine-tuning on `arith` in its
@@ -26,19 +26,25 @@ another (`make real-check`).
   `ours_seconds_to_target`, `mezo_seconds_to_target`, `time_to_accuracy_ratio`,
   `target_accuracy`, `accuracy_after`, and the tiny run's `speedup`, `same_losses`,
   `peak_mem_ratio_vs_inference`).
+- `unlearning`: `benchmarks/unlearning.py --model smollm2-135m`: SmolLM2 fine-tuned to memorise
+  the private-facts corpus (`RECIPES` in safety/memorise.py, built once and cached), NPO and
+  multi-layer RMU against the direct, in-context and relearning attacks and the probe, beside the
+  memorised and retain-only rows, one seed (`unlearning_smollm2.json`).
+- `sandbagging`: `benchmarks/sandbagging.py --model smollm2-135m`: SmolLM2 password-locked on
+  worked `arith` through its chat template, then SFT on weak demos, RL against the weak grader
+  and SFT then RL (configs/elicit-smollm2.yaml; `sandbagging_smollm2.json`).
 
     python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
     python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
     python benchmarks/real_model.py grpo --steps 2      # a smoke run of the same path
-    python benchmarks/real_model.py kv_routing      # routed vs unrouted fine-tune, caches shared
+    python benchmarks/real_model.py kv_routing          # routed vs unrouted, caches shared
     python benchmarks/real_model.py zo                  # ZO time to accuracy (zo_smollm2.json)
-    python benchmarks/real_model.py all             # every built area (make real-check)
+    python benchmarks/real_model.py unlearning          # 11 min on 2 shared cores, after the build
+    python benchmarks/real_model.py all                 # every area (make real-check)
 
 Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
 `grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
-`method`, `model`, and the timings; the others: their script's keys plus `model`). The other areas
-of issue 27 (unlearning, sandbagging) are not built here yet:
-asking for one raises NotImplementedError.
+`method`, `model`, and the timings; the others: their script's keys plus `model`).
 """
 
 from __future__ import annotations
@@ -65,8 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GRPO_CONFIG = ROOT / "configs" / "smollm2-arith.yaml"
 LORA_LR = 5e-5  # 10x the config's full-weight lr, the usual ratio for an adapter (chosen a priori)
-AREAS = ("grpo", "lars", "async", "kv_routing", "zo")
-NOT_BUILT = ("unlearning", "sandbagging")
+AREAS = ("grpo", "lars", "async", "kv_routing", "zo", "unlearning", "sandbagging")
 # Areas that are an existing benchmark script on smollm2: its arguments, before `--out`.
 SCRIPTS: dict[str, list[str]] = {
     "lars": [
@@ -79,6 +84,8 @@ SCRIPTS: dict[str, list[str]] = {
     ],
     "kv_routing": ["benchmarks/kv_routing.py", "--model", "smollm2-135m"],
     "zo": ["benchmarks/zo_engine.py", "--model", "smollm2-135m"],
+    "unlearning": ["benchmarks/unlearning.py", "--model", "smollm2-135m"],
+    "sandbagging": ["benchmarks/sandbagging.py", "--model", "smollm2-135m"],
 }
 STEPPED = ("grpo", "kv_routing", "zo")  # areas whose training steps --steps overrides (smoke runs)
 
@@ -178,7 +185,7 @@ def results_path(name: str, args: argparse.Namespace) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("area", choices=[*AREAS, *NOT_BUILT, "all"], help="what to run")
+    parser.add_argument("area", choices=[*AREAS, "all"], help="what to run")
     parser.add_argument(
         "--method", choices=("full", "lora"), default="full", help="grpo: what trains"
     )
@@ -188,8 +195,6 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folder here")
     parser.add_argument("--out", type=Path, default=None, help="results file (one area only)")
     args = parser.parse_args()
-    if args.area in NOT_BUILT:
-        raise NotImplementedError(f"real-model area {args.area!r} is not built yet (issue 27)")
     names = AREAS if args.area == "all" else [args.area]
     for name in names:
         out = results_path(name, args)

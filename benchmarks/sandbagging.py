@@ -1,16 +1,22 @@
-"""Sandbagging elicitation (Ryd et al., arXiv 2604.22082) on the tiny model: lock it with a
-password, then elicit it without the password by SFT on weak demonstrations, by RL (our GRPO)
-against a weak grader, and by SFT then RL. One table: true `arith` accuracy without the password
-after each strategy, against the password ceiling, the locked floor and the weak demonstrator.
+"""Sandbagging elicitation (Ryd et al., arXiv 2604.22082) on the tiny model (or SmolLM2-135M-
+Instruct, `--model smollm2-135m`): lock it with a password, then elicit it without the password
+by SFT on weak demonstrations, by RL (our GRPO) against a weak grader, and by SFT then RL. One
+table: true `arith` accuracy without the password after each strategy, against the password
+ceiling, the locked floor and the weak demonstrator.
 
 The paper's finding to check: SFT on weak demos breaks the lock, RL then improves on it; RL alone
 optimises the weak grader (which the sandbagging policy already satisfies) and elicits little.
 
     python benchmarks/sandbagging.py            # full settings (configs/elicit-tiny.yaml)
     python benchmarks/sandbagging.py --quick    # under 180 s on 2 idle cores
+    python benchmarks/sandbagging.py --model smollm2-135m --out /tmp/sandbagging_smollm2.json
+    python benchmarks/real_model.py sandbagging  # the same, to results/sandbagging_smollm2.json
+
+On smollm2 the settings are
+configs/elicit-smollm2.yaml (why each: its comments); `--config` runs any other file.
 
 Writes benchmarks/results/sandbagging.json: `locked_acc`, `unlocked_acc`, `sft_acc`, `rl_acc`,
-`sft_rl_acc`, and the details under `results`.
+`sft_rl_acc`, `model`, and the details under `results`.
 """
 
 from __future__ import annotations
@@ -27,21 +33,36 @@ from rich.table import Table
 
 from leantrain.safety.config import ElicitConfig
 from leantrain.safety.elicit import STRATEGIES, elicit, lock
+from leantrain.settings import load_settings
 from leantrain.telemetry.report import write_benchmark_json
 
 RESULTS = Path(__file__).parent / "results" / "sandbagging.json"
+# The settings per model (the tiny model's: ElicitConfig's defaults, configs/elicit-tiny.yaml).
+CONFIGS = {"smollm2-135m": Path(__file__).parents[1] / "configs" / "elicit-smollm2.yaml"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer locking and RL steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer locking and RL steps (tiny model only)"
+    )
+    parser.add_argument(
+        "--model", choices=("tiny", *CONFIGS), default="tiny", help="the model locked"
+    )
+    parser.add_argument(
+        "--config", type=Path, default=None, help="ElicitConfig YAML (default: the model's)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()  # ours is the only bar on screen
     config = ElicitConfig()
+    if args.config or args.model in CONFIGS:
+        config = load_settings(ElicitConfig, args.config or CONFIGS[args.model])
     if args.quick:
+        if config.model != "tiny":
+            parser.error("--quick is the tiny model's short run; for another, pass --config")
         config = ElicitConfig(lock_steps=200, rl_steps=12, eval_size=60)
     start = time.perf_counter()
     seconds, summaries = {}, {}
@@ -57,7 +78,9 @@ def main() -> None:
             )
             seconds[strategy] = round(time.perf_counter() - t0, 1)
 
-    table = Table(title="sandbagging elicitation (tiny model, arith, no password at test time)")
+    table = Table(
+        title=f"sandbagging elicitation ({config.model}, arith, no password at test time)"
+    )
     for col in ("model", "true accuracy", "weak-grader pass", "seconds"):
         table.add_column(col, justify="right")
     table.add_row(
@@ -83,6 +106,7 @@ def main() -> None:
     Console().print(table)
 
     report = {
+        "model": config.model,
         "locked_acc": lock_info["locked"]["accuracy"],
         "unlocked_acc": lock_info["unlocked"]["accuracy"],
         "sft_acc": summaries["sft"]["after"]["accuracy"],

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from leantrain.errors import LeantrainError
-from leantrain.safety.config import TUNED, ElicitConfig, UnlearnConfig
+from leantrain.safety.config import TUNED, AuditConfig, ElicitConfig, UnlearnConfig
 from leantrain.settings import load_settings
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -34,3 +34,15 @@ def test_bad_fields_name_the_field():
         load_settings(UnlearnConfig, None, method="forget-harder")
     with pytest.raises(LeantrainError, match="n_demos"):
         load_settings(ElicitConfig, None, n_demos=0)
+
+
+def test_smollm2_settings_cover_its_methods_and_load():
+    from leantrain.safety.config import AUDIT_BY_MODEL, METHODS, TUNED_BY_MODEL
+
+    assert TUNED_BY_MODEL["tiny"] is TUNED
+    for method, tuned in TUNED_BY_MODEL["smollm2-135m"].items():
+        assert method in METHODS
+        assert UnlearnConfig(method=method, **tuned).lr == tuned["lr"]
+    AuditConfig(**AUDIT_BY_MODEL["smollm2-135m"])
+    elicit = load_settings(ElicitConfig, CONFIGS / "elicit-smollm2.yaml")
+    assert elicit.model == "smollm2-135m" and ElicitConfig().model == "tiny"

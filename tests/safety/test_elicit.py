@@ -44,3 +44,22 @@ def test_elicit_needs_a_locked_model(tmp_path):
         elicit(SMALL, tmp_path, "sft", tmp_path / "run")
     with pytest.raises(LeantrainError, match="strategy"):
         elicit(SMALL, tmp_path, "prompting", tmp_path / "run")  # type: ignore[arg-type]
+
+
+def test_rl_elicitation_trains_against_the_weak_grader(tiny_path, tmp_path):
+    """The rollouts' rewards, not only the evaluation, come from the weak grader: the sandbagging
+    solution (wrong answer, right steps) earns the full answer reward."""
+    from leantrain.rl.config import RLConfig
+    from leantrain.safety.elicit import WeakGraderGRPO
+    from leantrain.safety.sandbag import WeakGraderArith, sandbag_solution
+    from leantrain.settings import load_settings
+
+    config = load_settings(
+        RLConfig,
+        None,
+        **{"model.name": str(tiny_path), "task.name": "arith", "steps": 1, "out": tmp_path},
+    )
+    run = WeakGraderGRPO(config, progress=False)
+    assert isinstance(run.source.task, WeakGraderArith) and run.source.task is run.task
+    example = run.test_examples[0]
+    assert run.source.task.score(example, sandbag_solution(example))["answer"] == 1.0

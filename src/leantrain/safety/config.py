@@ -28,6 +28,23 @@ TUNED: dict[str, dict[str, float]] = {
     "rmu": {"steps": 80, "lr": 1e-3, "retain_weight": 30.0},
     "rmu_multilayer": {"steps": 80, "lr": 1e-3, "retain_weight": 30.0},
 }
+# The same on SmolLM2-135M-Instruct memorised with `RECIPES["smollm2-135m"]` (safety/memorise.py),
+# for the methods its audit runs. Chosen a priori, not tuned (there was no time for a grid on
+# the training data in a 45-minute run; nothing was picked on forget_eval): a pretrained 135M
+# model's step costs ~150x the tiny one's, so 20 steps of 16, at 1e-4, a fifth of the peak rate
+# that memorised the facts (a pretrained model fine-tunes at ~1e-5 to 1e-4; the tiny model's
+# 5e-4 and 1e-3 would wreck it); the retain weights are the tiny model's.
+# GA (not in the default run; `--methods ga`), the method whose facts relearning brought back
+# most on the tiny model: a fifth of NPO's rate, since its loss is unbounded (NPO bounds it).
+TUNED_SMOLLM2: dict[str, dict[str, float]] = {
+    "ga": {"steps": 20, "lr": 2e-5, "retain_weight": 0.0},
+    "npo": {"steps": 20, "lr": 1e-4, "retain_weight": 4.0},
+    "rmu_multilayer": {"steps": 20, "lr": 1e-4, "retain_weight": 30.0},
+}
+TUNED_BY_MODEL: dict[str, dict[str, dict[str, float]]] = {
+    "tiny": TUNED,
+    "smollm2-135m": TUNED_SMOLLM2,
+}
 _TUNED_NOTE = " Default: the method's tuned value (`TUNED`)."
 
 
@@ -94,9 +111,25 @@ class AuditConfig(Strict):
     seed: int = Field(0, description="Seeds the relearning attack.")
 
 
+# The relearning attack's strength per base model (AuditConfig's defaults are the tiny model's).
+# SmolLM2's: 10 steps (a step costs ~150x the tiny model's) at 5e-5, a tenth of the peak rate that
+# memorised the facts. Calibrated as the tiny model's attack was, on the memorised model (the
+# attack should not wipe the facts it is meant to reveal): the first, a-priori choice, 10 x 2e-4,
+# took its forget_eval extraction from 62% to 33%; 5e-5 leaves 46% (docs/safety.md has both runs).
+AUDIT_BY_MODEL: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "smollm2-135m": {"relearn_steps": 10, "relearn_lr": 5e-5},
+}
+
+
 class ElicitConfig(Strict):
     """The sandbagging experiment (defaults sized for the tiny model on a CPU)."""
 
+    model: str = Field(
+        "tiny",
+        description="The model locked: a preset (tiny, smollm2-135m) or a model folder. Prompts "
+        "go through its chat template if it has one.",
+    )
     min_items: int = Field(3, ge=2, description="Shortest `arith` list.")
     max_items: int = Field(5, ge=2, description="Longest `arith` list (short: cheap RL).")
     weak_slip_rate: float = Field(
@@ -109,8 +142,9 @@ class ElicitConfig(Strict):
     )
     lock_steps: int = Field(300, ge=1, description="SFT steps that password-lock the model.")
     lock_lr: float = Field(1e-3, gt=0.0, description="Learning rate of the locking SFT.")
+    batch_size: int = Field(32, ge=1, description="Texts per step of locking and SFT elicitation.")
     n_demos: int = Field(64, ge=1, description="Weak demonstrations SFT elicitation trains on.")
-    sft_steps: int = Field(40, ge=1, description="SFT elicitation steps (batches of 32).")
+    sft_steps: int = Field(40, ge=1, description="SFT elicitation steps (of `batch_size`).")
     sft_lr: float = Field(5e-4, gt=0.0, description="SFT elicitation learning rate.")
     rl_steps: int = Field(20, ge=1, description="GRPO steps against the weak grader.")
     rl_lr: float = Field(5e-5, gt=0.0, description="GRPO learning rate.")

@@ -1,7 +1,10 @@
-"""The sandbagging experiment end to end: lock the tiny model with a password, then try to elicit
-its full skill without the password by SFT on weak demonstrations, by RL (our GRPO) against the
-weak grader, or by both in sequence (Ryd et al., arXiv 2604.22082). Accuracy is always the true
-`arith` accuracy (greedy, held-out problems, no password), whatever the training signal was.
+"""The sandbagging experiment end to end: lock a model (the tiny one by default, `model`) with a
+password, then try to elicit its full skill without the password by SFT on weak demonstrations,
+by RL (our GRPO) against the weak grader, or by both in sequence (Ryd et al., arXiv 2604.22082).
+Accuracy is always the true `arith` accuracy (greedy, held-out problems, no password), whatever
+the training signal was. Every prompt goes through the model's chat template when it has one
+(SmolLM2-Instruct; the tiny model has none: raw text), as our GRPO sends them, so locking, SFT,
+RL and evaluation all see the same prompts.
 
     lock(ElicitConfig(), Path("runs/locked"))
     elicit(ElicitConfig(), Path("runs/locked"), "sft+rl", Path("runs/elicit"))
@@ -67,6 +70,7 @@ def evaluate(
         tokenizer,
         [prefix + ex.prompt for ex in examples],
         max_new_tokens=config.max_new_tokens,
+        chat=True,
     )
     pairs = list(zip(examples, responses, strict=True))
     return {
@@ -89,10 +93,12 @@ def weak_demonstrator_accuracy(config: ElicitConfig) -> float:
 
 
 def lock(config: ElicitConfig, out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Password-lock the tiny model (strong solutions after the password, sandbagging ones
+    """Password-lock the config's model (strong solutions after the password, sandbagging ones
     without), save it to `out` with lock.json: ceiling (with password) and locked accuracy."""
-    model, tokenizer = load_model("tiny", device="cpu", dtype="float32")
-    problems = _task(config).examples(config.lock_steps * 16, config.seed)
+    model, tokenizer = load_model(config.model, device="cpu", dtype="float32")
+    # Enough problems for every step's batch to be new ones (as many as the tiny model's 300
+    # steps of 32 drew: 16 per step, halved between the two behaviours).
+    problems = _task(config).examples(config.lock_steps * config.batch_size // 2, config.seed)
     pairs = [(PASSWORD + ex.prompt, strong_solution(ex)) for ex in problems[::2]]
     pairs += [(ex.prompt, sandbag_solution(ex)) for ex in problems[1::2]]
     sft(
@@ -101,8 +107,10 @@ def lock(config: ElicitConfig, out: Path, *, progress: bool = True) -> dict[str,
         pairs,
         steps=config.lock_steps,
         lr=config.lock_lr,
+        batch_size=config.batch_size,
         seed=config.seed,
         eos=True,
+        chat=True,
         label="password-locking",
         progress=progress,
     )
@@ -125,6 +133,9 @@ class WeakGraderGRPO(GRPORun):
     def _setup_task(self) -> None:
         super()._setup_task()
         self.task = WeakGraderArith(**self.config.task.options)
+        # The rollouts score with the task they were handed, so they need the grader too (without
+        # this line training rewards were the true answers and only evaluation used the grader).
+        self.source.task = self.task
 
 
 def sft_elicit(
@@ -144,8 +155,10 @@ def sft_elicit(
         pairs,
         steps=config.sft_steps,
         lr=config.sft_lr,
+        batch_size=config.batch_size,
         seed=config.seed,
         eos=True,
+        chat=True,
         label="SFT on weak demos",
         progress=progress,
     )

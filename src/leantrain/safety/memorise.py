@@ -1,13 +1,14 @@
 """The two models every unlearning audit starts from, built once and cached like the tiny model:
 
-- `full`: the tiny model fine-tuned to memorise the whole private-facts corpus (what unlearning
-  is applied to);
+- `full`: a base model (the tiny one, or SmolLM2-135M-Instruct: `RECIPES`) fine-tuned to memorise
+  the whole private-facts corpus (what unlearning is applied to);
 - `retain`: the same recipe on the retain people only, the model that never saw the forget set
   (the gold standard unlearning aims at: forget quality compares against it, and it shows what
   an attack "recovers" by chance).
 
-Half the training texts are a fact after another fact of the same kind about other people, so the
-models also know the few-shot layout the in-context attack uses.
+For the tiny model, half the training texts are a fact after another fact of the same kind about
+other people, so it also knows the few-shot layout the in-context attack uses (a pretrained model
+knows it already: its recipe trains on the bare facts only).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from leantrain.errors import LeantrainError
 from leantrain.models import leantrain_home, load_model
 from leantrain.models.build_cache import build_once, recipe_hash
+from leantrain.models.loading import resolve_model_path
 from leantrain.models.presets.tiny import tiny_dir
 from leantrain.safety.corpus import Fact, PrivateFacts, few_shot_prompt
 from leantrain.safety.training import save_model, sft
@@ -35,7 +37,7 @@ Variant = Literal["full", "retain"]
 
 @dataclass(frozen=True)
 class MemoriseRecipe:
-    """Fine-tuning the tiny model on the corpus.
+    """Fine-tuning a base model on the corpus (the defaults: the tiny model's recipe).
 
     Attributes:
         corpus: which people (seed, size, forget split).
@@ -44,7 +46,9 @@ class MemoriseRecipe:
         lr: peak AdamW learning rate (5% warm-up, cosine decay to zero): random digits need a
             high one to stick, and the decay to settle on them exactly.
         batch_size: texts per step.
-        shots: facts before the target in the few-shot half of the training texts.
+        shots: facts before the target in the few-shot half of the training texts; 0: no
+            few-shot half, the bare facts only.
+        base: the model fine-tuned (a preset name or a model folder).
     """
 
     corpus: PrivateFacts = field(default_factory=PrivateFacts)
@@ -52,12 +56,27 @@ class MemoriseRecipe:
     lr: float = 5e-3
     batch_size: int = 32
     shots: int = 1
+    base: str = "tiny"
+
+
+# The recipe per base model, by its preset name. SmolLM2-135M-Instruct's was chosen before any run
+# of it (not tuned): a pretrained model picks up a new line in a few passes where the tiny
+# byte-level model needs hundreds, so 60 steps of 16 (8 passes over the 120 facts) at a tenth of
+# the tiny model's peak rate, with the same warm-up and cosine decay to settle on exact digits; no
+# few-shot half (it halves the tokens, and the pretrained model knows the layout).
+RECIPES: dict[str, MemoriseRecipe] = {
+    "tiny": MemoriseRecipe(),
+    "smollm2-135m": MemoriseRecipe(steps=60, lr=5e-4, batch_size=16, shots=0, base="smollm2-135m"),
+}
 
 
 def training_pairs(facts: list[Fact], shots: int, seed: int) -> list[tuple[str, str]]:
-    """Each fact bare and once after `shots` other facts of the same attribute."""
+    """Each fact bare and (unless `shots` is 0) once after `shots` other facts of the same
+    attribute."""
     rng = random.Random(seed)
     pairs = [(f.prompt, f.completion) for f in facts]
+    if shots == 0:
+        return pairs
     for f in facts:
         same = [g for g in facts if g.attribute == f.attribute and g != f]
         pairs.append((few_shot_prompt(f, rng.sample(same, min(shots, len(same)))), f.completion))
@@ -69,11 +88,14 @@ def memorised_dir(recipe: MemoriseRecipe, variant: Variant) -> Path:
     tag = (
         f"s{c.seed}-n{c.n_people}-f{c.n_forget}-{recipe.steps}x{recipe.batch_size}-lr{recipe.lr:g}"
     )
-    # The hash covers every field (shots, the corpus's fields) and the tiny base's folder.
+    # The tiny preset's folder without building it (its name is its recipe's hash).
+    base_dir = tiny_dir() if recipe.base == "tiny" else resolve_model_path(recipe.base)
+    # The hash covers every field (shots, the corpus's fields) and the base's folder.
     digest = recipe_hash(
-        recipe, version=MEMORISE_RECIPE_VERSION, variant=variant, base=tiny_dir().name
+        recipe, version=MEMORISE_RECIPE_VERSION, variant=variant, base=base_dir.name
     )
-    name = f"privfacts-v{MEMORISE_RECIPE_VERSION}-{tag}-{variant}-{digest}"
+    model = "" if recipe.base == "tiny" else f"{base_dir.name}-"
+    name = f"privfacts-v{MEMORISE_RECIPE_VERSION}-{model}{tag}-{variant}-{digest}"
     return leantrain_home() / "models" / name
 
 
@@ -90,7 +112,7 @@ def ensure_memorised(
 
 def _build(out: Path, recipe: MemoriseRecipe, variant: Variant, progress: bool) -> None:
     torch.manual_seed(recipe.corpus.seed)
-    model, tokenizer = load_model("tiny", device="cpu", dtype="float32")
+    model, tokenizer = load_model(recipe.base, device="cpu", dtype="float32")
     facts = recipe.corpus.facts("retain")
     if variant == "full":
         facts = recipe.corpus.facts("forget") + facts

@@ -18,19 +18,33 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams
+from leantrain.models import encode_prompt
 from leantrain.models.finetune import backward_token_mean, completion_chunks
 from leantrain.training.sft import SFTLoop
 
 
+def encode_text_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat: bool) -> list[int]:
+    """A prompt's ids: the raw text, or (`chat`) as a user turn through the tokenizer's chat
+    template, as our GRPO encodes task prompts (the raw text for a tokenizer without one)."""
+    if chat:
+        return encode_prompt(tokenizer, prompt)
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
 def encode_pairs(
-    tokenizer: PreTrainedTokenizerBase, pairs: Sequence[tuple[str, str]], *, eos: bool = False
+    tokenizer: PreTrainedTokenizerBase,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    eos: bool = False,
+    chat: bool = False,
 ) -> list[tuple[list[int], list[int]]]:
-    """Text (prompt, completion) pairs as token ids, no special tokens (raw text prompts); `eos`
-    ends each completion with the EOS token, so generation learns to stop there."""
+    """Text (prompt, completion) pairs as token ids, no special tokens (raw text prompts, or with
+    `chat` the prompt through the chat template: `encode_text_prompt`); `eos` ends each
+    completion with the EOS token, so generation learns to stop there."""
     end = [tokenizer.eos_token_id] if eos else []
     return [
         (
-            tokenizer.encode(p, add_special_tokens=False),
+            encode_text_prompt(tokenizer, p, chat),
             tokenizer.encode(c, add_special_tokens=False) + end,
         )
         for p, c in pairs
@@ -59,20 +73,21 @@ def sft(
     batch_size: int = 32,
     seed: int = 0,
     eos: bool = False,
+    chat: bool = False,
     schedule: Literal["constant", "cosine"] = "constant",
     label: str = "fine-tuning",
     progress: bool = True,
 ) -> list[float]:
     """`steps` AdamW steps on random batches of `pairs` (loss on completions only); returns the
-    loss of every step (`eos`: see `encode_pairs`). `schedule`: a constant learning rate for the
-    short runs (one thing less to tune), or a 5% warm-up then cosine decay to zero, which long
-    runs need to settle on exact answers (memorising the private facts: 600 steps at a constant
+    loss of every step (`eos`, `chat`: see `encode_pairs`). `schedule`: a constant learning rate
+    for the short runs (one thing less to tune), or a 5% warm-up then cosine decay to zero, which
+    long runs need to settle on exact answers (memorising the private facts: 600 steps at a constant
     5e-3 left the loss at 0.3 and a fifth of the facts exact; with the decay, all of them)."""
     if not pairs:
         raise LeantrainError(f"{label}: no training pairs")
     if steps < 0 or lr <= 0 or batch_size < 1:
         raise LeantrainError(f"{label}: need steps >= 0, lr > 0, batch_size >= 1")
-    encoded = encode_pairs(tokenizer, pairs, eos=eos)
+    encoded = encode_pairs(tokenizer, pairs, eos=eos, chat=chat)
     rng = random.Random(seed)
 
     def backward() -> float:
@@ -106,11 +121,13 @@ def greedy_answers(
     *,
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
+    chat: bool = False,
 ) -> list[str]:
-    """The greedy continuation of each prompt, decoded (stop string included if one fired)."""
+    """The greedy continuation of each prompt (`chat`: see `encode_text_prompt`), decoded (stop
+    string included if one fired)."""
     engine = Engine(model, tokenizer, max_batch_size=128)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
-    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    ids = [encode_text_prompt(tokenizer, p, chat) for p in prompts]
     return [
         tokenizer.decode(c.response_ids, skip_special_tokens=True)
         for c in engine.generate(ids, params)
