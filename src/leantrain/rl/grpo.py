@@ -183,9 +183,15 @@ class GRPORun:
                 )
             tower.requires_grad_(False)
 
+    def _make_task(self) -> Task:
+        """The run's task, from its settings (a subclass may score the same prompts otherwise,
+        as the sandbagging experiment's weak grader does)."""
+        t = self.config.task
+        return make_task(t.name, **t.options)
+
     def _setup_task(self) -> None:
         t = self.config.task
-        self.task: Task = make_task(t.name, **t.options)
+        self.task: Task = self._make_task()
         self.weights = t.reward_weights
         self.test_examples: list[Example] = self.task.examples(
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET

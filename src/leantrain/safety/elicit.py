@@ -35,7 +35,7 @@ from leantrain.safety.sandbag import (
 )
 from leantrain.safety.training import greedy_answers, save_model, sft
 from leantrain.settings import load_settings
-from leantrain.tasks import Example
+from leantrain.tasks import Example, Task
 
 Strategy = Literal["sft", "rl", "sft+rl"]
 STRATEGIES: tuple[str, ...] = ("sft", "rl", "sft+rl")
@@ -130,12 +130,10 @@ class WeakGraderGRPO(GRPORun):
     """Our GRPO run with the weak grader as its reward: the same `arith` prompts (the config's
     task is `arith` with the same options), scored by `WeakGraderArith` instead of the truth."""
 
-    def _setup_task(self) -> None:
-        super()._setup_task()
-        self.task = WeakGraderArith(**self.config.task.options)
-        # The rollouts score with the task they were handed, so they need the grader too (without
-        # this line training rewards were the true answers and only evaluation used the grader).
-        self.source.task = self.task
+    def _make_task(self) -> Task:
+        # Made before the rollout source, which scores with the task it is handed (replacing
+        # the task after set-up left training rewards on the true answers).
+        return WeakGraderArith(**self.config.task.options)
 
 
 def sft_elicit(
