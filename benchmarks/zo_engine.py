@@ -206,6 +206,16 @@ def alternate(
     return timed
 
 
+def step_rates(ref: dict[str, Any], ours: dict[str, Any]) -> dict[str, float]:
+    """Each side's steps per second (1 / the median step time) and the CPU-time speedup."""
+    return {
+        "reference_steps_per_s": 1 / statistics.median(ref["times"]),
+        "ours_steps_per_s": 1 / statistics.median(ours["times"]),
+        "speedup_cpu_time": statistics.median(ref["cpu_times"])
+        / statistics.median(ours["cpu_times"]),
+    }
+
+
 def loss_agreement(reference: list[list[float]], ours: list[list[float]]) -> dict[str, Any]:
     """How closely two sides' per-step losses (every scored state) agree, against the ZO signal
     |L+ - L-| / L+ that a step must resolve."""
@@ -453,10 +463,7 @@ def time_to_accuracy(
         # MeZO's time over ours (> 1: ours gets there first); None unless both get there.
         "time_to_accuracy_ratio": ratio("seconds"),
         "time_to_accuracy_ratio_cpu_time": ratio("cpu_seconds"),
-        "reference_steps_per_s": 1 / statistics.median(ref["times"]),
-        "ours_steps_per_s": 1 / statistics.median(ours["times"]),
-        "speedup_cpu_time": statistics.median(ref["cpu_times"])
-        / statistics.median(ours["cpu_times"]),
+        **step_rates(ref, ours),
         **loss_agreement(ref["losses"], ours["losses"]),
         "reference_peak_bytes": mem["reference"],
         "ours_peak_bytes": mem["ours"],
@@ -653,10 +660,7 @@ def main() -> None:
         agreement = loss_agreement(ref["losses"], ours["losses"])
         mem = memory(base, pad, sample_batch(train, args.batch_size, 0), target, args.seed)
         results[target] = {
-            "reference_steps_per_s": 1 / statistics.median(ref["times"]),
-            "ours_steps_per_s": 1 / statistics.median(ours["times"]),
-            "speedup_cpu_time": statistics.median(ref["cpu_times"])
-            / statistics.median(ours["cpu_times"]),
+            **step_rates(ref, ours),
             "reference_peak_bytes": mem["reference"],
             "ours_peak_bytes": mem["ours"],
             "inference_peak_bytes": mem["inference"],

@@ -36,6 +36,14 @@ def backend(request: pytest.FixtureRequest):
         yield request.param
 
 
+def _wait_for_worker(orchestrator: Orchestrator, timeout_s: float) -> None:
+    """Until worker 0 has booted (it imports torch and loads the model)."""
+    deadline = time.monotonic() + timeout_s
+    while not orchestrator.pool.ready(0):
+        assert time.monotonic() < deadline, "the worker never became ready"
+        time.sleep(0.1)
+
+
 @pytest.mark.slow  # two worker processes start (import torch): ~10-20 s on 2 idle cores
 @pytest.mark.parametrize(
     "backend",
@@ -80,10 +88,7 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     )
     with Orchestrator(run.config, run.learner, run.source, run.log_step, faults) as orchestrator:
         orchestrator.step()  # the worker still imports torch: the trainer's batch
-        deadline = time.monotonic() + 60
-        while not orchestrator.pool.ready(0):
-            assert time.monotonic() < deadline, "the worker never became ready"
-            time.sleep(0.1)
+        _wait_for_worker(orchestrator, 60)
         while run.step < cfg.steps:
             orchestrator.step()
         summary = orchestrator.summary()
@@ -133,10 +138,7 @@ def _async_rank(rank: int, model: str, out: str) -> None:
         return
     with Orchestrator(cfg, run.learner, run.source, run.log_step) as orchestrator:
         orchestrator.step()
-        deadline = time.monotonic() + 120
-        while not orchestrator.pool.ready(0):
-            assert time.monotonic() < deadline, "the worker never became ready"
-            time.sleep(0.1)
+        _wait_for_worker(orchestrator, 120)
         while run.step < cfg.steps:
             orchestrator.step()
             if run._checkpoint_due():  # the other rank writes its shards at the same steps
