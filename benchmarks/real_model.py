@@ -240,8 +240,8 @@ def main() -> None:
             print(f"wrote {native_out}")
         else:
             report = grpo(args, "native")
-        show_grpo(report)
         write_benchmark_json(out, report)
+        show_grpo(report)
         print(f"wrote {out}")
 
 
