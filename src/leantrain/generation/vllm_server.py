@@ -134,8 +134,12 @@ class VLLMServerBackend:
         connect_timeout_s: float = 10.0,
         max_concurrency: int = 64,
     ) -> None:
-        import httpx
-
+        try:
+            import httpx
+        except ImportError as e:
+            raise LeantrainError(
+                "rollout.backend: vllm_server needs httpx: pip install 'leantrain[vllm-server]'"
+            ) from e
         if not urls:
             raise LeantrainError("rollout.vllm_urls: give at least one vllm serve URL")
         self.urls = [check_url(u) for u in urls]

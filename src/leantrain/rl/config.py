@@ -180,7 +180,7 @@ class RolloutConfig(Strict):
     """Which engine samples the rollouts and the run's greedy test evaluations (rl/rollout.py).
     The defaults are the native engine's."""
 
-    backend: Literal["native", "vllm"] = Field(
+    backend: Literal["native", "vllm", "vllm_server"] = Field(
         "native",
         description="native: leantrain's engine on the trainer's own weights (every capability: "
         "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
@@ -188,7 +188,28 @@ class RolloutConfig(Strict):
         "synced at every policy version (sampling only, no top-k/top-p, no images; sync mode "
         "(tool episodes too), or async on orchestrator.backend: process or ray, one engine "
         "per worker; `make vllm` installs it); the "
-        "road to real models on GPUs.",
+        "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
+        "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does, "
+        "sync mode only, no LoRA; the servers run apart from the trainer, on other GPUs or "
+        "machines).",
+    )
+    vllm_urls: list[str] = Field(
+        default_factory=list,
+        description="vllm_server: the servers' base URLs (http://host:port), each a `vllm "
+        "serve` of the policy's model started as docs/backends.md says; rollout groups go to "
+        "them in turn.",
+    )
+    vllm_weights_dir: Path | None = Field(
+        None,
+        description="vllm_server: where each policy version is written for the servers to "
+        "load, a folder every server reads at the same path (a shared filesystem across "
+        "machines); None: vllm-server-weights/ in the run folder.",
+    )
+    vllm_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="vllm_server: longest wait for one HTTP call (a prompt group's generation, "
+        "a server's weight load) before the run stops with an error naming the server.",
     )
     vllm_kv_cache_gib: float = Field(
         1.0,
@@ -207,6 +228,24 @@ class RolloutConfig(Strict):
         description="vllm: run without torch.compile and CUDA graphs. Starts in seconds; "
         "compiling is faster per token on GPUs but takes a minute or more at start.",
     )
+
+    @model_validator(mode="after")
+    def _server_urls(self) -> RolloutConfig:
+        from leantrain.generation.vllm_server import check_url
+
+        if self.backend != "vllm_server":
+            if self.vllm_urls:
+                raise ValueError(
+                    f"vllm_urls are the servers of backend vllm_server (got {self.backend!r})"
+                )
+            return self
+        if not self.vllm_urls:
+            raise ValueError(
+                "backend vllm_server needs vllm_urls: the base URL of at least one running "
+                "vllm serve (e.g. [http://127.0.0.1:8000])"
+            )
+        self.vllm_urls = [check_url(u) for u in self.vllm_urls]
+        return self
 
 
 class PolicyLoraConfig(LoraSettings):
@@ -306,12 +345,14 @@ class RLConfig(Strict):
 
     @model_validator(mode="after")
     def _vllm_rollouts(self) -> RLConfig:
-        if self.rollout.backend != "vllm":
+        backend = self.rollout.backend
+        if backend == "native":
             return self
-        # Async modes on vLLM: rl/rollout.py `refuse_unsupported` (what is not built yet).
+        # What is not built on vLLM yet (async modes, LoRA on servers): rl/rollout.py
+        # `refuse_unsupported`.
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(
-                "rollout.backend: vllm samples without truncation (sampling.top_k 0, "
+                f"rollout.backend: {backend} samples without truncation (sampling.top_k 0, "
                 f"sampling.top_p 1; got {self.sampling.top_k}, {self.sampling.top_p}): vLLM's "
                 "logprobs of a truncated distribution are not what the trainer recomputes"
             )

@@ -35,8 +35,9 @@ from leantrain.tasks import Example, Task
 from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.rewards import score_safely
 
-if TYPE_CHECKING:  # the annotation only: `vllm_backend` looks the class up when it is called
+if TYPE_CHECKING:  # the annotations only: the factories look the classes up when called
     from leantrain.generation.vllm_backend import VLLMBackend
+    from leantrain.generation.vllm_server import VLLMServerBackend
 
 # Seed streams: training prompts and sampling never share a seed (test problems: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003
@@ -130,10 +131,15 @@ def rollout_backend(
 ) -> Backend:
     """The run's rollout backend on `model`: the engine with the config's batch size and KV
     budget (and the long tail's `speculator`); or, with `rollout.backend: vllm`, a vLLM engine
-    on a folder of the same weights; either inside an `EpisodeRunner` for a tool task. The
-    trainer and every worker build theirs here, so no setting reaches one and not the other."""
-    if config.rollout.backend == "vllm":
-        vllm = vllm_backend(config, model, tokenizer)
+    on a folder of the same weights, or with `vllm_server`, the running servers of
+    `rollout.vllm_urls`; any inside an `EpisodeRunner` for a tool task. The trainer and every
+    worker build theirs here, so no setting reaches one and not the other."""
+    if config.rollout.backend in ("vllm", "vllm_server"):
+        vllm = (
+            vllm_backend(config, model, tokenizer)
+            if config.rollout.backend == "vllm"
+            else vllm_server_backend(config)
+        )
         if is_multi_turn(task):
             # Turns go to vLLM as ids and come back as ids; the runner appends the tool's
             # tokens itself, encoded once with the policy's tokenizer (never vLLM's text).
@@ -199,6 +205,20 @@ def vllm_backend(
     )
 
 
+def vllm_server_backend(config: RLConfig) -> VLLMServerBackend:
+    """A `VLLMServerBackend` on the servers of `rollout.vllm_urls`, checked now (up, started
+    with the flags it needs). The servers hold whatever weights they were started on until the
+    run publishes its first version (rl/orchestrator.py, before the first batch)."""
+    from leantrain.generation.vllm_server import VLLMServerBackend
+
+    r = config.rollout
+    return VLLMServerBackend(
+        r.vllm_urls,
+        weights_dir=r.vllm_weights_dir or Path(config.out) / "vllm-server-weights",
+        timeout_s=r.vllm_timeout_s,
+    )
+
+
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
     """Async modes on vLLM not built yet raise `NotBuiltError` (a `NotImplementedError`).
 
@@ -225,6 +245,23 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
         )
 
 
+def refuse_unbuilt_server(config: RLConfig) -> None:
+    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: modes other
+    than sync (each rollout worker would publish its versions to the same servers, which hold
+    one at a time) and LoRA (the servers would need the adapter routes, not a weight reload)."""
+    if config.orchestrator.mode != "sync":
+        raise NotBuiltError(
+            f"orchestrator.mode: {config.orchestrator.mode} is not built for rollout.backend: "
+            "vllm_server (the servers hold one policy version at a time); use orchestrator."
+            "mode: sync, or rollout.backend: vllm with orchestrator.backend: process or ray"
+        )
+    if config.lora.enabled:
+        raise NotBuiltError(
+            "lora.enabled is not built for rollout.backend: vllm_server (it publishes whole "
+            "weights); use rollout.backend: vllm, which serves the adapter"
+        )
+
+
 def _same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
@@ -232,14 +269,17 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes or Ray actors only. Image prompts (a
-    vision-language model's task, tool episodes included) are refused on vLLM here, before its
-    engine starts."""
-    if config.rollout.backend == "vllm" and "image" in example.meta:
+    vLLM rollouts run async on worker processes or Ray actors only (on vLLM servers, sync
+    only). Image prompts (a vision-language model's task, tool episodes included) are refused on
+    vLLM here, before its engine starts."""
+    backend = config.rollout.backend
+    if backend != "native" and "image" in example.meta:
         raise LeantrainError(
-            f"task {config.task.name!r} has image prompts: rollout.backend: vllm takes no "
+            f"task {config.task.name!r} has image prompts: rollout.backend: {backend} takes no "
             "images here; use rollout.backend: native"
         )
+    if backend == "vllm_server":
+        refuse_unbuilt_server(config)
     mode = config.orchestrator.mode
     if mode == "sync":
         return
