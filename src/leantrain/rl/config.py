@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from leantrain.distributed.config import DistributedConfig
 from leantrain.generation.config import SamplingParams
@@ -229,22 +229,20 @@ class RolloutConfig(Strict):
         "compiling is faster per token on GPUs but takes a minute or more at start.",
     )
 
-    @model_validator(mode="after")
-    def _server_urls(self) -> RolloutConfig:
+    @field_validator("vllm_urls")
+    @classmethod
+    def _server_urls(cls, urls: list[str]) -> list[str]:
         from leantrain.generation.vllm_server import check_url
 
-        if self.backend != "vllm_server":
-            if self.vllm_urls:
-                raise ValueError(
-                    f"vllm_urls are the servers of backend vllm_server (got {self.backend!r})"
-                )
-            return self
-        if not self.vllm_urls:
+        return [check_url(u) for u in urls]
+
+    @model_validator(mode="after")
+    def _servers_given(self) -> RolloutConfig:
+        if self.backend == "vllm_server" and not self.vllm_urls:
             raise ValueError(
-                "backend vllm_server needs vllm_urls: the base URL of at least one running "
-                "vllm serve (e.g. [http://127.0.0.1:8000])"
+                "vllm_urls is empty: backend vllm_server needs the base URL of at least one "
+                "running vllm serve (e.g. [http://127.0.0.1:8000])"
             )
-        self.vllm_urls = [check_url(u) for u in self.vllm_urls]
         return self
 
 
