@@ -1,8 +1,9 @@
 """vLLM over HTTP as a rollout backend, against one `vllm serve` started here on the tiny preset
 in fp32 (`launch_server`): logprobs equal a fresh trainer forward, row i is sampled with seed
 base + i as on the in-process backend (the same samples), greedy output follows a published
-weight update token for token with every token labelled with the new version, a GRPO run on
-it trains on-policy, and bad settings or servers are refused at set-up by name.
+weight update token for token with every token labelled with the new version, greedy tool
+episodes equal the native engine's, a GRPO run on it trains on-policy, and bad settings or
+servers are refused at set-up by name.
 
 Tests that need vllm skip where it is not installed and fail where `CI` is set, as
 test_vllm_backend.py's. One server serves the module (it starts in 25-40 s on 2 cores)."""
@@ -274,6 +275,40 @@ def test_launch_failure_names_the_folder_and_shows_the_servers_log(
     with pytest.raises(VLLMServerError, match=r"exited with code \d+ .* last lines") as e:
         launch_server(tmp_path, timeout_s=120, log=tmp_path / "log")
     assert str(tmp_path) in str(e.value)
+
+
+def test_greedy_tool_episodes_on_a_server_equal_the_native_engines(backend, policy) -> None:
+    """Tool episodes on the server (an `EpisodeRunner` around it, as a run on tool tasks builds
+    it): the tiny-tools preset's weights, published into the tiny server (one architecture and
+    tokenizer), call the tool and end each turn on its stop string as the native engine does."""
+    from leantrain.generation.backend import weights_snapshot
+    from leantrain.models import encode_prompt
+    from leantrain.models.presets.tiny_tools import ensure_tiny_tools
+    from leantrain.rl.episodes import EpisodeRunner
+    from leantrain.tasks import make_task
+
+    model, tok = load_model(ensure_tiny_tools(progress=False))
+    # The server matches stop strings in text from the tokenizer it was started with.
+    assert tok.get_vocab() == policy[1].get_vocab()
+    backend.load_weights(weights_snapshot(model), 1)  # the GRPO run below publishes its own
+    task = make_task(
+        "tool_arith", min_digits=1, max_digits=2, max_terms=2, max_turns=3, episode_tokens=160
+    )  # configs/tiny-tools.yaml's task
+    prompts = [encode_prompt(tok, ex.prompt) for ex in task.examples(8, seed=11)]
+    params = SamplingParams(max_new_tokens=64, temperature=0.0)
+    ours = EpisodeRunner(Engine(model, tok), task).generate(prompts, params)
+    theirs = EpisodeRunner(backend, task, tok, max_context=backend.max_model_len).generate(
+        prompts, params
+    )
+    assert sum(len(ep.tool_calls) for ep in theirs) >= len(prompts) // 2  # it uses the tool
+    for a, b in zip(ours, theirs, strict=True):
+        assert (b.response_ids, b.loss_mask, b.finish_reason) == (
+            a.response_ids,
+            a.loss_mask,
+            a.finish_reason,
+        )
+        assert [c.output for c in b.tool_calls] == [c.output for c in a.tool_calls]
+        assert b.logprobs == pytest.approx(a.logprobs, abs=LOGPROB_TOL)
 
 
 def test_two_grpo_steps_on_a_vllm_server_train_on_policy(small_rl_config: RLConfig, server) -> None:

@@ -148,7 +148,8 @@ class VLLMServerBackend:
         self.max_concurrency = max_concurrency
         self._client = httpx.Client(
             limits=httpx.Limits(max_connections=max_concurrency),
-            # Loopback calls must not go through a proxy the environment names.
+            # Servers are called directly, never through a proxy the environment names
+            # (HTTP_PROXY): they sit on this machine or the cluster's own network.
             trust_env=False,
         )
         self._folder: Path | None = None  # the published version the servers hold
