@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import torch
@@ -67,11 +67,16 @@ from leantrain.errors import LeantrainError
 from leantrain.generation.backend import Capabilities, Completion
 from leantrain.generation.config import SamplingParams
 from leantrain.generation.vllm_backend import (
+    INSTALL_HINT,
     as_finish_reason,
     check_sampling,
     request_params,
     token_versions,
+    vllm_available,
 )
+
+if TYPE_CHECKING:  # the annotations only: httpx is imported where it is used
+    import httpx
 
 GENERATE = "/inference/v1/generate"
 # What a failing route most likely means, by (route, HTTP status).
@@ -162,7 +167,7 @@ class VLLMServerBackend:
     # ---------------------------------------------------------------- HTTP
     def _request(
         self, method: str, url: str, route: str, body: Any = None, timeout: float | None = None
-    ) -> Any:
+    ) -> httpx.Response:
         """One call to `url + route` under `timeout` (None: `timeout_s`): its response, or a
         `VLLMServerError` naming the URL and route when there is none."""
         import httpx
@@ -406,15 +411,19 @@ class LocalServer:
     log: Path
 
     def close(self, timeout_s: float = 30.0) -> None:
-        if self.process.poll() is None:
-            # The server leads its own process group (start_new_session): its engine core
-            # child goes with it.
+        # The server leads its own process group (start_new_session), so its engine-core child
+        # goes with it, even when the server itself has died. Its pid cannot have been reused:
+        # it is reaped only here, by `wait`.
+        try:
             os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        except ProcessLookupError:  # the whole group is gone already
+            self.process.wait()
+            return
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -451,8 +460,6 @@ def launch_server(
     temporary file). The KV cache takes `kv_cache_gib` GiB."""
     import httpx
 
-    from leantrain.generation.vllm_backend import INSTALL_HINT, vllm_available
-
     if not vllm_available():
         raise LeantrainError(f"launch_server needs the vllm package; {INSTALL_HINT}")
     port = free_port() if port is None else port
@@ -467,7 +474,11 @@ def launch_server(
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         # Unbound threads: binding pins them to fixed cores that other processes may keep busy.
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    log = Path(log) if log is not None else Path(tempfile.mkstemp(prefix="vllm-serve-")[1])
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")
+        os.close(fd)
+        log = name
+    log = Path(log)
     with log.open("wb") as out:
         process = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -476,6 +487,7 @@ def launch_server(
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            server.close()  # its engine process, if it outlived it
             raise VLLMServerError(
                 f"vllm serve on {model} exited with code {process.returncode} before "
                 f"{server.url}/health answered; its last lines ({log}):\n{server.log_tail()}"
