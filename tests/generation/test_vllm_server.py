@@ -255,7 +255,7 @@ def test_settings_and_servers_that_cannot_work_are_refused_at_set_up(
     task = make_task("arith")
     example = task.examples(1, 0)[0]
     for update, match in (
-        ({"orchestrator": {"mode": "async", "backend": "process"}}, "orchestrator.mode: async"),
+        ({"orchestrator": {"mode": "partial"}}, "orchestrator.mode: partial"),
         ({"lora": {"enabled": True}}, "lora.enabled"),
     ):
         data = small_rl_config.model_dump()

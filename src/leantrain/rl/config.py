@@ -190,20 +190,23 @@ class RolloutConfig(Strict):
         "per worker; `make vllm` installs it); the "
         "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
         "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does, "
-        "sync mode only, no LoRA; the servers run apart from the trainer, on other GPUs or "
+        "no LoRA; sync mode, or async on any orchestrator.backend, each rollout worker on "
+        "servers of its own; the servers run apart from the trainer, on other GPUs or "
         "machines).",
     )
     vllm_urls: list[str] = Field(
         default_factory=list,
         description="vllm_server: the servers' base URLs (http://host:port), each a `vllm "
         "serve` of the policy's model started as docs/backends.md says; rollout groups go to "
-        "them in turn.",
+        "them in turn. In async mode rollout worker i of n takes URLs i, i + n, ... (at least "
+        "one URL per worker).",
     )
     vllm_weights_dir: Path | None = Field(
         None,
         description="vllm_server: where each policy version is written for the servers to "
         "load, a folder every server reads at the same path (a shared filesystem across "
-        "machines); None: vllm-server-weights/ in the run folder.",
+        "machines); None: vllm-server-weights/ in the run folder. Async rollout worker i "
+        "writes into its worker-i/ subfolder.",
     )
     vllm_timeout_s: float = Field(
         600.0,
@@ -346,8 +349,17 @@ class RLConfig(Strict):
         backend = self.rollout.backend
         if backend == "native":
             return self
-        # What is not built on vLLM yet (async modes, LoRA on servers): rl/rollout.py
+        # What is not built on vLLM yet (partial mode, LoRA on servers): rl/rollout.py
         # `refuse_unsupported`.
+        urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
+        if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:
+            # Each worker publishes its versions into servers of its own (rl/rollout.py).
+            raise ValueError(
+                f"orchestrator.rollout_workers is {workers} but rollout.vllm_urls has {urls} "
+                "URL(s): on vllm_server each async rollout worker needs a server of its own "
+                "(a server holds one policy version at a time); give at least as many URLs as "
+                "workers, or fewer workers"
+            )
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(
                 f"rollout.backend: {backend} samples without truncation (sampling.top_k 0, "

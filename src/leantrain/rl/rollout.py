@@ -128,17 +128,19 @@ def rollout_backend(
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     speculator: Speculator | None = None,
+    worker: int | None = None,
 ) -> Backend:
     """The run's rollout backend on `model`: the engine with the config's batch size and KV
     budget (and the long tail's `speculator`); or, with `rollout.backend: vllm`, a vLLM engine
     on a folder of the same weights, or with `vllm_server`, the running servers of
-    `rollout.vllm_urls`; any inside an `EpisodeRunner` for a tool task. The trainer and every
-    worker build theirs here, so no setting reaches one and not the other."""
+    `rollout.vllm_urls` (rollout worker `worker`'s share of them; None: the trainer's, all);
+    any inside an `EpisodeRunner` for a tool task. The trainer and every worker build theirs
+    here, so no setting reaches one and not the other."""
     if config.rollout.backend in ("vllm", "vllm_server"):
         vllm = (
             vllm_backend(config, model, tokenizer)
             if config.rollout.backend == "vllm"
-            else vllm_server_backend(config)
+            else vllm_server_backend(config, worker)
         )
         if is_multi_turn(task):
             # Turns go to vLLM as ids and come back as ids; the runner appends the tool's
@@ -205,18 +207,25 @@ def vllm_backend(
     )
 
 
-def vllm_server_backend(config: RLConfig) -> VLLMServerBackend:
+def vllm_server_backend(config: RLConfig, worker: int | None = None) -> VLLMServerBackend:
     """A `VLLMServerBackend` on the servers of `rollout.vllm_urls`, checked now (up, started
     with the flags it needs). The servers hold whatever weights they were started on until the
-    run publishes its first version (rl/orchestrator.py, before the first batch)."""
+    run publishes its first version (rl/orchestrator.py, before the first batch).
+
+    Rollout worker `worker` (of `orchestrator.rollout_workers`) gets servers of its own, URLs
+    `worker`, `worker + workers`, ...: a server holds one version at a time, so two workers
+    publishing into one would change its weights under each other's batches. It writes its
+    versions into a folder of its own too (a worker removes its previous version's folder
+    once its servers hold the next). None: the trainer's client, on every server, which it
+    uses only while no worker runs (rl/orchestrator.py)."""
     from leantrain.generation.vllm_server import VLLMServerBackend
 
     r = config.rollout
-    return VLLMServerBackend(
-        r.vllm_urls,
-        weights_dir=r.vllm_weights_dir or Path(config.out) / "vllm-server-weights",
-        timeout_s=r.vllm_timeout_s,
-    )
+    urls, weights_dir = r.vllm_urls, r.vllm_weights_dir or Path(config.out) / "vllm-server-weights"
+    if worker is not None:
+        urls = urls[worker :: config.orchestrator.rollout_workers]
+        weights_dir = weights_dir / f"worker-{worker}"
+    return VLLMServerBackend(urls, weights_dir=weights_dir, timeout_s=r.vllm_timeout_s)
 
 
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
@@ -246,14 +255,15 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
 
 
 def refuse_unbuilt_server(config: RLConfig) -> None:
-    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: modes other
-    than sync (each rollout worker would publish its versions to the same servers, which hold
-    one at a time) and LoRA (the servers would need the adapter routes, not a weight reload)."""
-    if config.orchestrator.mode != "sync":
+    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: `partial`
+    mode (a sync in the middle of a batch's decoding) and LoRA (the servers would need the
+    adapter routes, not a weight reload). `async` runs on every `orchestrator.backend`, each
+    worker on servers of its own (`vllm_server_backend`)."""
+    if config.orchestrator.mode == "partial":
         raise NotBuiltError(
-            f"orchestrator.mode: {config.orchestrator.mode} is not built for rollout.backend: "
-            "vllm_server (the servers hold one policy version at a time); use orchestrator."
-            "mode: sync, or rollout.backend: vllm with orchestrator.backend: process or ray"
+            "orchestrator.mode: partial is not built for rollout.backend: vllm_server (new "
+            "weights would have to reach the servers in the middle of a batch: /pause?mode=keep, "
+            "reload, /resume); use orchestrator.mode: async, whose batches each keep one version"
         )
     if config.lora.enabled:
         raise NotBuiltError(
@@ -269,9 +279,9 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes or Ray actors only (on vLLM servers, sync
-    only). Image prompts (a vision-language model's task, tool episodes included) are refused on
-    vLLM here, before its engine starts."""
+    in-process vLLM rollouts run async on worker processes or Ray actors only (on vLLM
+    servers, sync or async on any workers). Image prompts (a vision-language model's task,
+    tool episodes included) are refused on vLLM here, before its engine starts."""
     backend = config.rollout.backend
     if backend != "native" and "image" in example.meta:
         raise LeantrainError(

@@ -1,7 +1,9 @@
 """A rollout worker: its own copy of the policy and its own rollout engine; given a step index and
 a weight version, it generates and scores that step's batch. The same class runs in a thread
 (rl/async_local.py), a spawned process (rl/async_process.py; with `rollout.backend: vllm` it
-holds the process's one vLLM engine) or inside a Ray actor (rl/ray_backend.py).
+holds the process's one vLLM engine) or inside a Ray actor (rl/ray_backend.py). With
+`rollout.backend: vllm_server` its engine is an HTTP client of the servers that are its own
+(its `slot`'s share of `rollout.vllm_urls`), into which it loads each version as a local engine.
 
 Knows nothing about scheduling, buffers or other workers. Two ways to use a version:
 
@@ -70,9 +72,12 @@ NewestWeights = Callable[[], tuple[int, Any] | None]
 
 
 class RolloutWorker:
-    """One policy copy and engine; `generate` turns (step, version) into a scored batch."""
+    """One policy copy and engine; `generate` turns (step, version) into a scored batch. `slot`
+    is its place among the run's workers (on vLLM servers, which servers are its own)."""
 
-    def __init__(self, config: RLConfig, name: str, faults: FaultPlan | None = None) -> None:
+    def __init__(
+        self, config: RLConfig, name: str, faults: FaultPlan | None = None, slot: int = 0
+    ) -> None:
         self.track = SpanTrack(name, "start")  # this worker's spans, sent with each batch
         self.config = config
         self.name = name
@@ -83,7 +88,7 @@ class RolloutWorker:
         model.eval().requires_grad_(False)
         task = make_task(config.task.name, **config.task.options)
         # The trainer's own backend and rollout path, on this worker's copy of the policy.
-        backend = rollout_backend(config, model, tokenizer, task)
+        backend = rollout_backend(config, model, tokenizer, task, worker=slot)
         self.source = RolloutSource(config, backend, tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
         self.track.enter("idle")
