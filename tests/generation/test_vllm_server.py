@@ -219,6 +219,73 @@ def test_greedy_after_a_weight_update_equals_the_trainer_models(
     assert {v for c in again for v in c.versions} == {0}
 
 
+def _generated_tokens(url: str) -> float:
+    """The server's count of tokens generated so far (its Prometheus `/metrics`)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", trust_env=False).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+def test_a_live_update_switches_running_sequences_to_the_new_version_exactly(
+    server, backend, policy, prompt_ids
+) -> None:
+    """`load_weights_live` while a batch decodes (partial rollouts): sequences running at the
+    update carry version 0 then version 1 inside one response, and every token's logprob is a
+    fresh trainer forward's of the version its span names: the kept requests were preempted
+    and recomputed on the new weights, not decoded on over the old weights' KV."""
+    import threading
+
+    model, _ = policy
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    # Version 0 nearly uniform (a near-zero final norm: small logits), so responses run long
+    # (EOS about 1 in 259) and the update lands while they decode; version 1 the preset's.
+    flat = {**original, "model.norm.weight": original["model.norm.weight"] * 0.05}
+    batch = [p for p in prompt_ids for _ in range(4)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=256)
+    backend.load_weights(flat, 0)
+    out: list = []
+    try:
+        before = _generated_tokens(server.url)
+        decoding = threading.Thread(target=lambda: out.append(backend.generate(batch, params)))
+        decoding.start()
+        deadline = time.monotonic() + 60
+        while _generated_tokens(server.url) < before + 8 * len(batch):
+            assert time.monotonic() < deadline and decoding.is_alive(), "the batch never ran"
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        backend.load_weights_live(original, 1)
+        live_s = time.perf_counter() - t0
+        decoding.join()
+    finally:
+        backend.load_weights(original, 0)
+    (completions,) = out
+    mixed = [c for c in completions if set(c.versions) == {0, 1}]
+    gaps = {0: 0.0, 1: 0.0}
+    for c in completions:
+        assert c.versions == sorted(c.versions) and set(c.versions) <= {0, 1}
+        for version, weights in ((0, flat), (1, original)):
+            at = [i for i, v in enumerate(c.versions) if v == version]
+            if not at:
+                continue
+            model.load_state_dict(weights)
+            lp = trainer_logprobs(model, c.prompt_ids, c.response_ids, 1.0)
+            gaps[version] = max(
+                gaps[version], float((lp[at] - torch.tensor(c.logprobs)[at]).abs().max())
+            )
+    model.load_state_dict(original)
+    print(
+        f"live update: {live_s:.3f} s, {len(mixed)} of {len(batch)} responses switched "
+        f"versions inside, logprob gap per version {gaps}"
+    )
+    assert mixed, [(c.versions.count(0), c.versions.count(1)) for c in completions]
+    assert max(gaps.values()) < LOGPROB_TOL
+
+
 def test_what_it_cannot_do_is_refused_by_name(backend, prompt_ids) -> None:
     for capability in ("hidden_states", "images", "speculation", "kv_budget"):
         with pytest.raises(LeantrainError, match="VLLMServerBackend has none"):
@@ -254,16 +321,11 @@ def test_settings_and_servers_that_cannot_work_are_refused_at_set_up(
     # What is not built on servers: refused before any server is called.
     task = make_task("arith")
     example = task.examples(1, 0)[0]
-    for update, match in (
-        ({"orchestrator": {"mode": "partial"}}, "orchestrator.mode: partial"),
-        ({"lora": {"enabled": True}}, "lora.enabled"),
-    ):
-        data = small_rl_config.model_dump()
-        data["rollout"].update(backend="vllm_server", vllm_urls=[server.url])
-        for section, values in update.items():
-            data[section].update(values)
-        with pytest.raises(NotBuiltError, match=match):
-            refuse_unsupported(RLConfig.model_validate(data), task, example)
+    data = small_rl_config.model_dump()
+    data["rollout"].update(backend="vllm_server", vllm_urls=[server.url])
+    data["lora"]["enabled"] = True
+    with pytest.raises(NotBuiltError, match=r"lora\.enabled"):
+        refuse_unsupported(RLConfig.model_validate(data), task, example)
 
 
 def test_launch_failure_names_the_folder_and_shows_the_servers_log(

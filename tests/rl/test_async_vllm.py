@@ -127,7 +127,8 @@ def _logprob_gap(
 ) -> float:
     """The largest |behaviour logprob - trainer logprob| over `trajectories`' tokens, the
     trainer's from one fresh forward over prompt + response on the weights of version `on`
-    (None: the version each token carries, one per trajectory in async mode)."""
+    (None: the version each token carries: one per trajectory in async mode, one or more in
+    partial mode)."""
     import torch
 
     from leantrain.models import load_model
@@ -136,13 +137,15 @@ def _logprob_gap(
     model = load_model(cfg.model.name, dtype="float32")[0].eval()
     gap = 0.0
     for t in trajectories:
-        (version,) = set(t.versions) if on is None else {on}
-        model.load_state_dict(published[version])
+        versions = t.versions if on is None else [on] * len(t.versions)
         ids = torch.tensor([t.prompt_ids + t.response_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
-        trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
-        gap = max(gap, float((trainer - torch.tensor(t.logprobs)).abs().max()))
+        for version in sorted(set(versions)):
+            model.load_state_dict(published[version])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
+            trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
+            at = [i for i, v in enumerate(versions) if v == version]
+            gap = max(gap, float((trainer - torch.tensor(t.logprobs))[at].abs().max()))
     return gap
 
 
@@ -251,8 +254,8 @@ def server(tiny_path: Path, vllm_installed: None, tmp_path_factory: pytest.TempP
         yield srv
 
 
-def _server_config(out: Path, url: str, backend: str) -> RLConfig:
-    cfg = _config(out, "async", steps=3, backend=backend)
+def _server_config(out: Path, url: str, backend: str, mode: str = "async") -> RLConfig:
+    cfg = _config(out, mode, steps=3, backend=backend)
     cfg.rollout = RolloutConfig(backend="vllm_server", vllm_urls=[url])
     return cfg
 
@@ -279,6 +282,33 @@ def test_async_k1_on_a_vllm_server_trains_each_batch_on_one_exact_version(
     import httpx
 
     assert httpx.get(f"{server.url}/weight_info", trust_env=False).json() == {"weight_version": "3"}
+
+
+@pytest.mark.slow  # a launched vllm serve (shared with the tests above), then 3 steps
+def test_partial_on_a_vllm_server_loads_each_version_mid_batch_with_exact_token_versions(
+    server: Any, tmp_path: Path
+) -> None:
+    """Partial mode on a server: the thread worker decodes each batch in one call and loads
+    every version the trainer publishes meanwhile into the server (pause, reload, resume).
+    Each token carries the version its span names, never below the batch's nor more than one
+    above it (k = 1, one worker), staleness stays within 1, and every token's behaviour
+    logprob is a fresh trainer forward's of that version."""
+    cfg = _server_config(tmp_path / "partial", server.url, "local", mode="partial")
+    # k = 2: the worker never waits for weights, so it decodes batch after batch while the
+    # trainer trains, and nearly every publish lands in the middle of a batch.
+    cfg.steps, cfg.orchestrator.max_staleness = 4, 2
+    steps = run_steps(cfg)
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r, s in zip(records, steps, strict=True):
+        assert r["batch_worker"].startswith("worker-0.")
+        assert math.isfinite(r["loss"]) and r["staleness_max"] <= 2
+        v = r["batch_version"]
+        assert all(set(vs) <= {v, v + 1, v + 2} for vs in s["versions"]), (v, s["versions"])
+        assert s["logprob_gap"] < LOGPROB_TOL, s["logprob_gap"]
+    mixed = [r["mixed_version_trajectories"] for r in records]
+    print(f"partial on vllm serve: trajectories with two versions per step {mixed}")
+    assert sum(mixed) > 0  # updates did land mid-response
 
 
 def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeypatch) -> None:

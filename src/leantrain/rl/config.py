@@ -145,7 +145,9 @@ class OrchestratorConfig(Strict):
         32,
         ge=1,
         description="partial mode: tokens decoded between checks for new weights. Smaller "
-        "switches sooner but re-prefills in-flight sequences more often.",
+        "switches sooner but re-prefills in-flight sequences more often. Not used on "
+        "rollout.backend: vllm_server, whose servers take new weights the moment they are "
+        "published.",
     )
     timeout_s: float = Field(
         120.0,
@@ -171,7 +173,7 @@ class OrchestratorConfig(Strict):
         if self.mode == "partial" and self.backend != "local":
             raise ValueError(
                 "mode partial runs on the local backend only (workers poll the weight store "
-                f"between segments), not {self.backend!r}; use backend: local or mode: async"
+                f"while they generate), not {self.backend!r}; use backend: local or mode: async"
             )
         return self
 
@@ -190,9 +192,10 @@ class RolloutConfig(Strict):
         "per worker; `make vllm` installs it); the "
         "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
         "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does, "
-        "no LoRA; sync mode, or async on any orchestrator.backend, each rollout worker on "
-        "servers of its own; the servers run apart from the trainer, on other GPUs or "
-        "machines).",
+        "no LoRA; sync mode, async on any orchestrator.backend or partial on local, each "
+        "rollout worker on servers of its own, partial loading new versions into them in the "
+        "middle of a batch with /pause and /resume; the servers run apart from the trainer, "
+        "on other GPUs or machines).",
     )
     vllm_urls: list[str] = Field(
         default_factory=list,
@@ -349,8 +352,8 @@ class RLConfig(Strict):
         backend = self.rollout.backend
         if backend == "native":
             return self
-        # What is not built on vLLM yet (partial mode, LoRA on servers): rl/rollout.py
-        # `refuse_unsupported`.
+        # What is not built on vLLM yet (partial mode in-process, LoRA on servers):
+        # rl/rollout.py `refuse_unsupported`.
         urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
         if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:
             # Each worker publishes its versions into servers of its own (rl/rollout.py).

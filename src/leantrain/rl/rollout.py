@@ -102,23 +102,36 @@ def to_trajectory(
     )
 
 
-def sampled_versions(completions: Sequence[Completion], version: int) -> list[list[int]]:
-    """Each completion's per-token policy versions for a batch generated on `version`: the
-    backend's own record where it keeps one (vLLM's weight-version spans), checked to be
-    `version` for every token, else `version` for every token. A token labelled otherwise means
-    the weights changed under the batch, which `async` mode never does: an error, not data."""
+def sampled_versions(
+    completions: Sequence[Completion], version: int, live: bool = False
+) -> list[list[int]]:
+    """Each completion's per-token policy versions for a batch started on `version`: the
+    backend's own record where it keeps one (vLLM's weight-version spans), checked, else
+    `version` for every token. Without `live` updates every token must be on `version`: a
+    token labelled otherwise means the weights changed under the batch, which `async` mode
+    never does. With them (partial mode on a backend with `live_weights`) the record is
+    required and must never go back in time nor below `version`. A failed check is an error,
+    not data."""
     out: list[list[int]] = []
     for i, c in enumerate(completions):
-        if c.versions is None:
+        if c.versions is None and not live:
             out.append([version] * len(c.response_ids))
             continue
-        if len(c.versions) != len(c.response_ids) or set(c.versions) - {version}:
+        versions = c.versions or []
+        ordered = versions == sorted(versions)
+        allowed = (
+            (min(versions, default=version) >= version and ordered)
+            if live
+            else (not set(versions) - {version})
+        )
+        if len(versions) != len(c.response_ids) or not allowed:
+            what = "versions that start at it and never go back" if live else "that version only"
             raise LeantrainError(
-                f"completion {i} of a batch generated on policy version {version} reports "
-                f"token versions {sorted(set(c.versions))} from its backend: its weights "
-                "changed during the batch"
+                f"completion {i} of a batch started on policy version {version} reports token "
+                f"versions {sorted(set(versions))} from its backend "
+                f"({len(versions)} for {len(c.response_ids)} tokens); expected {what}"
             )
-        out.append(list(c.versions))
+        out.append(list(versions))
     return out
 
 
@@ -244,7 +257,8 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
             "orchestrator.backend: local only, where a second in-process vLLM engine cannot live "
             "beside the trainer's, and vLLM's pause_generation / resume_generation exist on its "
             "AsyncLLM only, not on the in-process LLM; use orchestrator.mode: async with "
-            "orchestrator.backend: process or ray"
+            "orchestrator.backend: process or ray, or rollout.backend: vllm_server, whose "
+            "servers pause and resume"
         )
     if backend == "local":
         raise NotBuiltError(
@@ -255,16 +269,11 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
 
 
 def refuse_unbuilt_server(config: RLConfig) -> None:
-    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: `partial`
-    mode (a sync in the middle of a batch's decoding) and LoRA (the servers would need the
-    adapter routes, not a weight reload). `async` runs on every `orchestrator.backend`, each
-    worker on servers of its own (`vllm_server_backend`)."""
-    if config.orchestrator.mode == "partial":
-        raise NotBuiltError(
-            "orchestrator.mode: partial is not built for rollout.backend: vllm_server (new "
-            "weights would have to reach the servers in the middle of a batch: /pause?mode=keep, "
-            "reload, /resume); use orchestrator.mode: async, whose batches each keep one version"
-        )
+    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: LoRA (the
+    servers would need the adapter routes, not a weight reload). `async` runs on every
+    `orchestrator.backend`, each worker on servers of its own (`vllm_server_backend`), and
+    `partial` on `local` thread workers, which load new versions into their servers in the
+    middle of a batch (`VLLMServerBackend.load_weights_live`)."""
     if config.lora.enabled:
         raise NotBuiltError(
             "lora.enabled is not built for rollout.backend: vllm_server (it publishes whole "
@@ -280,8 +289,9 @@ def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
     in-process vLLM rollouts run async on worker processes or Ray actors only (on vLLM
-    servers, sync or async on any workers). Image prompts (a vision-language model's task,
-    tool episodes included) are refused on vLLM here, before its engine starts."""
+    servers, every mode: async on any workers, partial on threads). Image prompts (a
+    vision-language model's task, tool episodes included) are refused on vLLM here, before its
+    engine starts."""
     backend = config.rollout.backend
     if backend != "native" and "image" in example.meta:
         raise LeantrainError(

@@ -12,12 +12,16 @@ Knows nothing about scheduling, buffers or other workers. Two ways to use a vers
 - `partial` (abort and resume, as slime's fully-async mode and PipelineRL): the batch decodes in
   segments of `segment_tokens`; before each segment the worker loads the newest version if there
   is one, and in-flight sequences resume on it (re-prefilled from their tokens so far). Each
-  token records the version that sampled it; the loss corrects for the mix (rl/losses.py).
+  token records the version that sampled it; the loss corrects for the mix (rl/losses.py). On
+  a backend that takes weights in the middle of a batch (`live_weights`: vLLM servers) there are
+  no segments: the batch is one `generate`, and a watcher thread loads each newer version into
+  it while it runs (pause, reload, resume); the backend's own record says each token's version.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,11 +35,13 @@ from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
 from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout import RolloutSource, rollout_backend, sampled_versions
-from leantrain.tasks import make_task
+from leantrain.tasks import Example, make_task
 from leantrain.telemetry.events import SeqTimeline, SpanTrack
 
 # Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
 _SEGMENT_SEED_STRIDE = 1_000_033
+# Partial mode on a `live_weights` backend: seconds between looks at the weight store.
+_POLL_S = 0.02
 
 
 class WorkerCrash(RuntimeError):
@@ -122,7 +128,13 @@ class RolloutWorker:
             sync_s += self.load(version, weights)
         self.track.enter("generate", batch=index, version=version)
         t0 = time.perf_counter()
-        if self.config.orchestrator.mode == "partial":
+        if (
+            self.config.orchestrator.mode == "partial"
+            and self.source.backend.capabilities.live_weights
+        ):
+            examples, completions, switch_s = self._live(index, newest)
+            versions = sampled_versions(completions, version, live=True)
+        elif self.config.orchestrator.mode == "partial":
             examples, prompts, seed = self.source.batch(index)
             with self.source.autocast():
                 completions, versions, switch_s = self._segments(prompts, seed, newest)
@@ -143,6 +155,40 @@ class RolloutWorker:
             weight_sync_s=sync_s + switch_s,
             events=self.track.drain(),
         )
+
+    def _live(
+        self, index: int, newest: NewestWeights | None
+    ) -> tuple[list[Example], list[Completion], float]:
+        """Partial mode on a `live_weights` backend: batch `index` in one `generate`, while a
+        watcher thread loads every newer version into the backend as it is published. Returns
+        the examples, the completions and the seconds spent loading (generation waits
+        meanwhile)."""
+        done = threading.Event()
+        loads: list[float] = []
+        failed: list[BaseException] = []
+
+        def watch() -> None:
+            try:
+                while not done.wait(_POLL_S):
+                    latest = newest() if newest is not None else None
+                    if latest is not None and latest[0] > self.version:
+                        t0 = time.perf_counter()
+                        self.source.backend.load_weights_live(latest[1], latest[0])
+                        self.version = latest[0]
+                        loads.append(time.perf_counter() - t0)
+            except BaseException as e:  # raised in the worker's thread, after the batch
+                failed.append(e)
+
+        watcher = threading.Thread(target=watch, name=f"{self.name}-weights", daemon=True)
+        watcher.start()
+        try:
+            examples, completions = self.source.sample(index)
+        finally:
+            done.set()
+            watcher.join()
+        if failed:
+            raise failed[0]
+        return examples, completions, sum(loads)
 
     def _segments(
         self, prompts: list[list[int]], seed: int, newest: NewestWeights | None
