@@ -34,10 +34,6 @@ It talks to vLLM 0.32's own routes (httpx, imported inside functions, like vllm 
   what to do. The constructor checks each server (`/health`, the dev-mode routes, the generate
   route) under a short timeout, so a wrong URL or a server started without the flags above is
   refused at set-up, not in the middle of a run.
-
-`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
-with the flags above, and stops it.
-
 - Weights in the middle of a batch (`load_weights_live`, partial rollouts): the same publish
   inside `POST /pause?mode=keep` (the scheduler stops, the running requests are kept) and
   `POST /resume`, with `POST /reset_prefix_cache?reset_running_requests=true`: a plain reset
@@ -46,7 +42,10 @@ with the flags above, and stops it.
   tokens so far on the new weights (the native engine's re-prefill between segments). So each
   token after the update is sampled from the new version alone, the spans say which, and the
   trainer's forward of that version gives its logprob. Measured on the tiny preset (CPU, fp32):
-  per-version logprob gaps under 2e-5, 0.08 s per update.
+  per-version logprob gaps up to 2.0e-5, 0.08 s per update.
+
+`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
+with the flags above, and stops it.
 
 What it cannot do (its `capabilities`): hidden states, images, speculation, a KV token budget,
 LoRA. It knows no tasks, runs or training.
