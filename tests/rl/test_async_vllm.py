@@ -6,8 +6,10 @@ trainer forward of that version gives; a short k=1 GRPO run trains with stalenes
 events that tile; a vLLM actor that keeps dying ends the run with an error naming it. What async
 on vLLM does not run yet is refused by name, and a policy made in memory is saved for vLLM once
 per run folder, however many processes need it. On a launched `vllm serve` (`rollout.backend:
-vllm_server`) a thread or process worker holds the server and keeps the same guarantees, read
-from the server's weight-version spans; async needs a server per worker.
+vllm_server`) a thread, process or Ray worker holds the server and keeps the same guarantees,
+read from the server's weight-version spans; async needs a server per worker; a partial run
+loads versions into the server mid-batch and trains on mixed-version trajectories whose every
+token's logprob is its version's.
 
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
@@ -262,14 +264,17 @@ def _server_config(out: Path, url: str, backend: str, mode: str = "async") -> RL
 
 @pytest.mark.slow  # a launched vllm serve (25-40 s on 2 cores), then 3 steps
 @pytest.mark.parametrize(
-    ("backend", "worker"), [("local", "worker"), ("process", "process-worker")]
+    ("backend", "worker"),
+    [("local", "worker"), ("process", "process-worker"), ("ray", "ray-worker")],
 )
 def test_async_k1_on_a_vllm_server_trains_each_batch_on_one_exact_version(
-    server: Any, tmp_path: Path, backend: str, worker: str
+    server: Any, tmp_path: Path, backend: str, worker: str, request: pytest.FixtureRequest
 ) -> None:
-    """The worker (a thread, or a spawned process) holds the server while it runs: every batch
-    is its own, the trainer generates none and publishes nothing into the server until the
-    workers stop, then the server holds the last version (the final evaluation's)."""
+    """The worker (a thread, a spawned process or a Ray actor) holds the server while it runs:
+    every batch is its own, the trainer generates none and publishes nothing into the server
+    until the workers stop, then the server holds the last version (the final evaluation's)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_installed")
     cfg = _server_config(tmp_path / backend, server.url, backend)
     steps = run_steps(cfg)  # in this process: no engine lives in it, the worker talks HTTP
     check_async_run(cfg, steps, worker)
