@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from leantrain.rl.config import RLConfig, RolloutConfig
 from leantrain.rl.rollout_worker import FaultPlan
@@ -340,17 +341,29 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
     # Worker i of n takes URLs i, i + n, ... and a folder of its own: no server is shared,
     # none is left out; the trainer's client is on every server.
     made: list[tuple[list[str], Path]] = []
-    monkeypatch.setattr(
-        vllm_server, "VLLMServerBackend", lambda urls, **kw: made.append((urls, kw["weights_dir"]))
-    )
+    published: list[tuple[list[str], int]] = []
+
+    class Client:  # records what the servers would be sent
+        def __init__(self, urls: list[str], **kw: Any) -> None:
+            self.urls = urls
+            made.append((urls, kw["weights_dir"]))
+
+        def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+            published.append((self.urls, version))
+
+    monkeypatch.setattr(vllm_server, "VLLMServerBackend", Client)
+    model = torch.nn.Linear(2, 2)
     for worker in (0, 1, None):
-        vllm_server_backend(cfg, worker)
+        vllm_server_backend(cfg, model, worker)
     root = tmp_path / "vllm-server-weights"
     assert made == [
         (["http://127.0.0.1:1", "http://h:3"], root / "worker-0"),
         (["http://127.0.0.1:2"], root / "worker-1"),
         (cfg.rollout.vllm_urls, root),
     ]
+    # Only the trainer's client publishes the set-up weights (version 0), to every server: the
+    # run evaluates on them before its first step, whatever the servers held before.
+    assert published == [(cfg.rollout.vllm_urls, 0)]
 
 
 def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:

@@ -23,7 +23,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from leantrain.errors import LeantrainError, NotBuiltError
-from leantrain.generation import Backend, Completion, Engine, Speculator, require
+from leantrain.generation import (
+    Backend,
+    Completion,
+    Engine,
+    Speculator,
+    require,
+    weights_snapshot,
+)
 from leantrain.models import encode_prompt
 from leantrain.models.lora import lora_config, split_adapter
 from leantrain.models.vision import encode_image_prompt
@@ -153,7 +160,7 @@ def rollout_backend(
         vllm = (
             vllm_backend(config, model, tokenizer)
             if config.rollout.backend == "vllm"
-            else vllm_server_backend(config, worker)
+            else vllm_server_backend(config, model, worker)
         )
         if is_multi_turn(task):
             # Turns go to vLLM as ids and come back as ids; the runner appends the tool's
@@ -220,10 +227,14 @@ def vllm_backend(
     )
 
 
-def vllm_server_backend(config: RLConfig, worker: int | None = None) -> VLLMServerBackend:
+def vllm_server_backend(
+    config: RLConfig, model: PreTrainedModel, worker: int | None = None
+) -> VLLMServerBackend:
     """A `VLLMServerBackend` on the servers of `rollout.vllm_urls`, checked now (up, started
-    with the flags it needs). The servers hold whatever weights they were started on until the
-    run publishes its first version (rl/orchestrator.py, before the first batch).
+    with the flags it needs). The trainer's client publishes `model`'s weights to them now, as
+    version 0: a server holds whatever weights it was started on or last given (another run's,
+    even), and the run evaluates before its first step. A worker's client gets each version
+    before its batch (rl/rollout_worker.py), so it publishes nothing here.
 
     Rollout worker `worker` (of `orchestrator.rollout_workers`) gets servers of its own, URLs
     `worker`, `worker + workers`, ...: a server holds one version at a time, so two workers
@@ -238,7 +249,10 @@ def vllm_server_backend(config: RLConfig, worker: int | None = None) -> VLLMServ
     if worker is not None:
         urls = urls[worker :: config.orchestrator.rollout_workers]
         weights_dir = weights_dir / f"worker-{worker}"
-    return VLLMServerBackend(urls, weights_dir=weights_dir, timeout_s=r.vllm_timeout_s)
+    backend = VLLMServerBackend(urls, weights_dir=weights_dir, timeout_s=r.vllm_timeout_s)
+    if worker is None:
+        backend.load_weights(weights_snapshot(model), 0)
+    return backend
 
 
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
