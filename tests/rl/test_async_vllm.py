@@ -5,7 +5,11 @@ vLLM's own weight-version spans report it, and each token's behaviour logprob is
 trainer forward of that version gives; a short k=1 GRPO run trains with staleness at most 1 and
 events that tile; a vLLM actor that keeps dying ends the run with an error naming it. What async
 on vLLM does not run yet is refused by name, and a policy made in memory is saved for vLLM once
-per run folder, however many processes need it.
+per run folder, however many processes need it. On a launched `vllm serve` (`rollout.backend:
+vllm_server`) a thread, process or Ray worker holds the server and keeps the same guarantees,
+read from the server's weight-version spans; async needs a server per worker; a partial run
+loads versions into the server mid-batch and trains on mixed-version trajectories whose every
+token's logprob is its version's.
 
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
@@ -27,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from leantrain.rl.config import RLConfig
+from leantrain.rl.config import RLConfig, RolloutConfig
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
@@ -125,7 +130,8 @@ def _logprob_gap(
 ) -> float:
     """The largest |behaviour logprob - trainer logprob| over `trajectories`' tokens, the
     trainer's from one fresh forward over prompt + response on the weights of version `on`
-    (None: the version each token carries, one per trajectory in async mode)."""
+    (None: the version each token carries: one per trajectory in async mode, one or more in
+    partial mode)."""
     import torch
 
     from leantrain.models import load_model
@@ -134,13 +140,15 @@ def _logprob_gap(
     model = load_model(cfg.model.name, dtype="float32")[0].eval()
     gap = 0.0
     for t in trajectories:
-        (version,) = set(t.versions) if on is None else {on}
-        model.load_state_dict(published[version])
+        versions = t.versions if on is None else [on] * len(t.versions)
         ids = torch.tensor([t.prompt_ids + t.response_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
-        trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
-        gap = max(gap, float((trainer - torch.tensor(t.logprobs)).abs().max()))
+        for version in sorted(set(versions)):
+            model.load_state_dict(published[version])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
+            trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
+            at = [i for i, v in enumerate(versions) if v == version]
+            gap = max(gap, float((trainer - torch.tensor(t.logprobs))[at].abs().max()))
     return gap
 
 
@@ -167,7 +175,8 @@ def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> 
     workers: finite losses; staleness at most 1; every token of every trajectory on its batch's
     version, with the behaviour logprob of that version (and not of version 0, whose weights
     the engine started from: a later batch's were published into it); events that tile, every
-    sequence's spans on its batch's version."""
+    sequence's spans on its batch's version (vLLM servers report no per-sequence times: their
+    runs' events have the tracks' spans only)."""
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, cfg.steps + 1))
     for r, s in zip(records, steps, strict=True):
@@ -187,7 +196,11 @@ def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> 
     from test_rollout_events import _versions, check_events
 
     events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
-    seqs = check_events(events, steps=cfg.steps, size=PROMPTS * GROUP)
+    server = cfg.rollout.backend == "vllm_server"
+    seqs = check_events(events, steps=cfg.steps, size=0 if server else PROMPTS * GROUP)
+    assert any(e["track"].startswith(f"{worker}-0.") and e["name"] == "generate" for e in events)
+    if server:
+        return
     assert any(track.startswith(f"{worker}-0.") for track, _, _ in seqs)
     versions = _versions(seqs)
     assert versions == {b: {r["batch_version"]} for b, r in enumerate(records)}
@@ -232,6 +245,125 @@ def test_a_vllm_actor_that_keeps_dying_ends_the_run_with_an_error_naming_it(
     assert "leantrain.errors.LeantrainError: rollout worker 0 died on batch 1" in error, error
     assert "ray-worker-0.2 exited: The actor died" in error, error
     assert "giving up after 1 worker restarts (orchestrator.max_restarts)" in error
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path: Path, vllm_installed: None, tmp_path_factory: pytest.TempPathFactory):
+    """One `vllm serve` on the tiny preset for the module's server-mode runs."""
+    from leantrain.generation.vllm_server import launch_server
+
+    log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
+    with launch_server(tiny_path, dtype="float32", max_model_len=512, log=log) as srv:
+        yield srv
+
+
+def _server_config(out: Path, url: str, backend: str, mode: str = "async") -> RLConfig:
+    cfg = _config(out, mode, steps=3, backend=backend)
+    cfg.rollout = RolloutConfig(backend="vllm_server", vllm_urls=[url])
+    return cfg
+
+
+@pytest.mark.slow  # a launched vllm serve (25-40 s on 2 cores), then 3 steps
+@pytest.mark.parametrize(
+    ("backend", "worker"),
+    [("local", "worker"), ("process", "process-worker"), ("ray", "ray-worker")],
+)
+def test_async_k1_on_a_vllm_server_trains_each_batch_on_one_exact_version(
+    server: Any, tmp_path: Path, backend: str, worker: str, request: pytest.FixtureRequest
+) -> None:
+    """The worker (a thread, a spawned process or a Ray actor) holds the server while it runs:
+    every batch is its own, the trainer generates none and publishes nothing into the server
+    until the workers stop, then the server holds the last version (the final evaluation's)."""
+    if backend == "ray":
+        request.getfixturevalue("ray_installed")
+    cfg = _server_config(tmp_path / backend, server.url, backend)
+    steps = run_steps(cfg)  # in this process: no engine lives in it, the worker talks HTTP
+    check_async_run(cfg, steps, worker)
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["batch_worker"].startswith(f"{worker}-0.") for r in records)
+    # The worker published versions 0 and 1 or 2 into its own folder; the trainer's client,
+    # after the run, the last (3) into its.
+    weights = cfg.out / "vllm-server-weights"
+    assert sorted(p.name for p in weights.iterdir()) == ["v3", "worker-0"]
+    import httpx
+
+    assert httpx.get(f"{server.url}/weight_info", trust_env=False).json() == {"weight_version": "3"}
+
+
+@pytest.mark.slow  # a launched vllm serve (shared with the tests above), then 3 steps
+def test_partial_on_a_vllm_server_loads_each_version_mid_batch_with_exact_token_versions(
+    server: Any, tmp_path: Path
+) -> None:
+    """Partial mode on a server: the thread worker decodes each batch in one call and loads
+    every version the trainer publishes meanwhile into the server (pause, reload, resume).
+    Each token carries the version its span names, never below the batch's nor more than one
+    above it (k = 1, one worker), staleness stays within 1, and every token's behaviour
+    logprob is a fresh trainer forward's of that version."""
+    cfg = _server_config(tmp_path / "partial", server.url, "local", mode="partial")
+    # k = 2: the worker never waits for weights, so it decodes batch after batch while the
+    # trainer trains, and nearly every publish lands in the middle of a batch.
+    cfg.steps, cfg.orchestrator.max_staleness = 4, 2
+    steps = run_steps(cfg)
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r, s in zip(records, steps, strict=True):
+        assert r["batch_worker"].startswith("worker-0.")
+        assert math.isfinite(r["loss"]) and r["staleness_max"] <= 2
+        v = r["batch_version"]
+        assert all(set(vs) <= {v, v + 1, v + 2} for vs in s["versions"]), (v, s["versions"])
+        assert s["logprob_gap"] < LOGPROB_TOL, s["logprob_gap"]
+    mixed = [r["mixed_version_trajectories"] for r in records]
+    print(f"partial on vllm serve: trajectories with two versions per step {mixed}")
+    assert sum(mixed) > 0  # updates did land mid-response
+
+
+def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeypatch) -> None:
+    from leantrain.errors import LeantrainError
+    from leantrain.generation import vllm_server
+    from leantrain.rl.rollout import vllm_server_backend
+
+    def config(urls: list[str]) -> RLConfig:
+        return load_settings(
+            RLConfig,
+            None,
+            **{
+                "out": tmp_path,
+                "rollout.backend": "vllm_server",
+                "rollout.vllm_urls": urls,
+                "orchestrator.mode": "async",
+                "orchestrator.rollout_workers": 2,
+            },
+        )
+
+    with pytest.raises(LeantrainError, match=r"rollout_workers is 2 but rollout.vllm_urls has 1"):
+        config(["http://127.0.0.1:1"])
+    cfg = config(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://h:3"])
+    # Worker i of n takes URLs i, i + n, ... and a folder of its own: no server is shared,
+    # none is left out; the trainer's client is on every server.
+    made: list[tuple[list[str], Path]] = []
+    published: list[tuple[list[str], int]] = []
+
+    class Client:  # records what the servers would be sent
+        def __init__(self, urls: list[str], **kw: Any) -> None:
+            self.urls = urls
+            made.append((urls, kw["weights_dir"]))
+
+        def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+            published.append((self.urls, version))
+
+    monkeypatch.setattr(vllm_server, "VLLMServerBackend", Client)
+    model = torch.nn.Linear(2, 2)
+    for worker in (0, 1, None):
+        vllm_server_backend(cfg, model, worker)
+    root = tmp_path / "vllm-server-weights"
+    assert made == [
+        (["http://127.0.0.1:1", "http://h:3"], root / "worker-0"),
+        (["http://127.0.0.1:2"], root / "worker-1"),
+        (cfg.rollout.vllm_urls, root),
+    ]
+    # Only the trainer's client publishes the set-up weights (version 0), to every server: the
+    # run evaluates on them before its first step, whatever the servers held before.
+    assert published == [(cfg.rollout.vllm_urls, 0)]
 
 
 def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:

@@ -67,6 +67,10 @@ class Capabilities:
         separate_weights: it samples from its own copy of the weights (another engine), not
             the trainer's tensors, so the trainer's updates reach it only through
             `load_weights`: a run publishes every policy version to it.
+        live_weights: `load_weights_live(weights, version)` publishes a version while a
+            `generate` runs (from another thread): the running sequences go on with the new
+            weights, recomputing what they hold, and each completion's `versions` says which
+            version sampled each token (partial rollouts without segments).
     """
 
     hidden_states: bool = False
@@ -74,6 +78,7 @@ class Capabilities:
     speculation: bool = False
     kv_budget: bool = False
     separate_weights: bool = False
+    live_weights: bool = False
 
 
 class Backend(Protocol):

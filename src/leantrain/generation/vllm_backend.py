@@ -17,7 +17,7 @@ The only module that imports vllm, and only inside functions, so the package imp
   one, each row keeps its own timing: the `RequestOutput` of an `n` > 1 request carries the
   stats of only the child that finished last.
 - Stop strings end a response as on the native engine: on the token that completes one, kept
-  whole, matched in text decoded with special tokens kept (see `generate`).
+  whole, matched in text decoded with special tokens kept (see `request_params`).
 - Timeline: each `Completion.timeline` (telemetry/events.py) comes from its request's stats
   (`RequestOutput.metrics`, a `RequestStateStats`, kept only with log stats on, as they are
   here): `queue` at the arrival time, `prefill` when the scheduler first took it, `decode` at
@@ -112,6 +112,36 @@ def check_sampling(params: SamplingParams, setting: str = "sampling") -> None:
             "backend samples without truncation only (top_k 0, top_p 1), since its logprobs of "
             "a truncated distribution are not what the trainer recomputes"
         )
+
+
+def request_params(params: SamplingParams) -> dict[str, Any]:
+    """The fields of a vLLM `SamplingParams` for one response under `params` (all but the
+    seed): what the in-process backend passes to vLLM and the server backend sends as JSON.
+
+    The sampling knobs a model's `generation_config.json` may set are sent at their neutral
+    values: a `vllm serve` started without `--generation-config vllm` fills every field a
+    request leaves out from that file (a top-p of 0.9 there would truncate what the trainer
+    scores). Stop strings end a response as on the native engine: the ids keep the token that
+    completes one, whole (vLLM cuts only its text after the stop string), and the match is in
+    text decoded with special tokens kept, as the native engine decodes its response tails.
+    Skipping them (vLLM's default) would match "</pyth" <pad> "on>" as "</python>" where the
+    native engine does not, and a tool episode would take a different turn on each backend.
+    """
+    return {
+        "temperature": params.temperature,
+        "top_k": 0,
+        "top_p": 1.0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "max_tokens": params.max_new_tokens,
+        "logprobs": 0,  # the sampled token's logprob only
+        "stop": list(params.stop),
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "detokenize": bool(params.stop),  # text is needed only to match stop strings
+    }
 
 
 @contextlib.contextmanager
@@ -289,25 +319,8 @@ class VLLMBackend:
             raise LeantrainError("every prompt needs at least one token")
         base = secrets.randbits(31) if seed is None else seed
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        sampling = [
-            VSamplingParams(
-                seed=base + i,
-                temperature=params.temperature,
-                max_tokens=params.max_new_tokens,
-                logprobs=0,
-                stop=list(params.stop),
-                # Stop strings end a response as on the native engine: the ids keep the token
-                # that completes one, whole (vLLM cuts only its text after the stop string),
-                # and the match is in text decoded with special tokens kept, as the native
-                # engine decodes its response tails. Skipping them (vLLM's default) would
-                # match "</pyth" <pad> "on>" as "</python>" where the native engine does not,
-                # and a tool episode would take a different turn on each backend.
-                include_stop_str_in_output=True,
-                skip_special_tokens=False,
-                detokenize=bool(params.stop),  # text is needed only to match stop strings
-            )
-            for i in range(len(prompts))
-        ]
+        fields = request_params(params)
+        sampling = [VSamplingParams(seed=base + i, **fields) for i in range(len(prompts))]
         wall_to_clock = clock() - time.time()  # per call: the wall clock may be slewed
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self.adapter)
         completions: list[Completion] = []
@@ -322,11 +335,11 @@ class VLLMBackend:
                     prompt_ids=list(prompt),
                     response_ids=ids,
                     logprobs=[float(s[t].logprob) for s, t in zip(steps, ids, strict=True)],
-                    finish_reason=_finish_reason(o.finish_reason, o.stop_reason),
+                    finish_reason=as_finish_reason(o.finish_reason, o.stop_reason),
                     timeline=_timeline(
                         out.metrics, len(ids), wall_to_clock, self._monotonic_to_clock
                     ),
-                    versions=_token_versions(getattr(o, "weight_versions", None), len(ids)),
+                    versions=token_versions(_spans(getattr(o, "weight_versions", None)), len(ids)),
                 )
             )
         return completions
@@ -505,21 +518,27 @@ def _timeline(
     return timeline
 
 
-def _token_versions(spans: Any, tokens: int) -> list[int] | None:
-    """One policy version per response token from vLLM's `WeightVersionSpan`s (output tokens
-    `[start, end)` sampled by the weights labelled `version`); None when vLLM reported none
-    or a label is not one of ours (an int), or the spans do not cover the tokens."""
+def token_versions(spans: Sequence[tuple[Any, int, int]] | None, tokens: int) -> list[int] | None:
+    """One policy version per response token from vLLM's weight-version spans, each
+    `(version, start, end)`: output tokens `[start, end)` sampled by the weights labelled
+    `version`; None when vLLM reported none or a label is not one of ours (an int), or the
+    spans do not cover the tokens."""
     if spans is None:
         return None
     versions: list[int] = []
-    for span in spans:
-        if not str(span.version).lstrip("-").isdigit() or span.start != len(versions):
+    for version, start, end in spans:
+        if not str(version).lstrip("-").isdigit() or start != len(versions):
             return None
-        versions += [int(span.version)] * (span.end - span.start)
+        versions += [int(version)] * (end - start)
     return versions if len(versions) == tokens else None
 
 
-def _finish_reason(reason: str | None, stop_reason: int | str | None) -> FinishReason:
+def _spans(spans: Any) -> list[tuple[Any, int, int]] | None:
+    """vLLM's `WeightVersionSpan`s as `(version, start, end)`; None stays None."""
+    return None if spans is None else [(s.version, s.start, s.end) for s in spans]
+
+
+def as_finish_reason(reason: str | None, stop_reason: int | str | None) -> FinishReason:
     """vLLM's finish reason as ours: `length`; `stop` with a string is a stop string; `stop`
     without one is an EOS (or a stop token id, which the EOS ids are)."""
     if reason == "length":

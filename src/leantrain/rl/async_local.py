@@ -39,7 +39,7 @@ class LocalBackend:
     def start(self, slot: int) -> None:
         self._generation += 1
         self._slots[slot] = RolloutWorker(
-            self.config, name=f"worker-{slot}.{self._generation}", faults=self.faults
+            self.config, name=f"worker-{slot}.{self._generation}", faults=self.faults, slot=slot
         )
 
     def ready(self, slot: int) -> bool:

