@@ -244,27 +244,34 @@ def test_a_live_update_switches_running_sequences_to_the_new_version_exactly(
     original = {k: v.clone() for k, v in model.state_dict().items()}
     # Version 0 nearly uniform (a near-zero final norm: small logits), so responses run long
     # (EOS about 1 in 259) and the update lands while they decode; version 1 the preset's.
+    # The race is the test's: on a quiet machine the tiny model decodes a batch in well under
+    # a second, so an update that lands after the batch is tried again on a fresh one.
     flat = {**original, "model.norm.weight": original["model.norm.weight"] * 0.05}
     batch = [p for p in prompt_ids for _ in range(4)]
     params = SamplingParams(temperature=1.0, max_new_tokens=256)
-    backend.load_weights(flat, 0)
-    out: list = []
-    try:
-        before = _generated_tokens(server.url)
-        decoding = threading.Thread(target=lambda: out.append(backend.generate(batch, params)))
-        decoding.start()
-        deadline = time.monotonic() + 60
-        while _generated_tokens(server.url) < before + 8 * len(batch):
-            assert time.monotonic() < deadline and decoding.is_alive(), "the batch never ran"
-            time.sleep(0.01)
-        t0 = time.perf_counter()
-        backend.load_weights_live(original, 1)
-        live_s = time.perf_counter() - t0
-        decoding.join()
-    finally:
-        backend.load_weights(original, 0)
-    (completions,) = out
-    mixed = [c for c in completions if set(c.versions) == {0, 1}]
+    for attempts in range(1, 6):  # noqa: B007 (reported below)
+        backend.load_weights(flat, 0)
+        out: list = []
+        try:
+            before = _generated_tokens(server.url)
+            decoding = threading.Thread(
+                target=lambda out=out: out.append(backend.generate(batch, params))
+            )
+            decoding.start()
+            deadline = time.monotonic() + 60
+            while _generated_tokens(server.url) < before + len(batch):
+                assert time.monotonic() < deadline and decoding.is_alive(), "the batch never ran"
+                time.sleep(0.005)
+            t0 = time.perf_counter()
+            backend.load_weights_live(original, 1)
+            live_s = time.perf_counter() - t0
+            decoding.join()
+        finally:
+            backend.load_weights(original, 0)
+        (completions,) = out
+        mixed = [c for c in completions if set(c.versions) == {0, 1}]
+        if mixed:
+            break
     gaps = {0: 0.0, 1: 0.0}
     for c in completions:
         assert c.versions == sorted(c.versions) and set(c.versions) <= {0, 1}
@@ -279,8 +286,8 @@ def test_a_live_update_switches_running_sequences_to_the_new_version_exactly(
             )
     model.load_state_dict(original)
     print(
-        f"live update: {live_s:.3f} s, {len(mixed)} of {len(batch)} responses switched "
-        f"versions inside, logprob gap per version {gaps}"
+        f"live update (attempt {attempts}): {live_s:.3f} s, {len(mixed)} of {len(batch)} "
+        f"responses switched versions inside, logprob gap per version {gaps}"
     )
     assert mixed, [(c.versions.count(0), c.versions.count(1)) for c in completions]
     assert max(gaps.values()) < LOGPROB_TOL
