@@ -27,7 +27,6 @@ from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings
 from leantrain.models.lora import inject_lora
 from leantrain.rl.config import RLConfig
 from leantrain.telemetry.events import clock
-from leantrain.training.logprobs import token_logprobs
 
 # Measured on the tiny preset in fp32 (16 sampled responses, T=0.7, on this 2-core machine):
 # max 1.5e-5 to 3.9e-5 over runs, mean 7e-7. vLLM runs its own kernels (fused q/k/v and gate/up
@@ -35,8 +34,6 @@ from leantrain.training.logprobs import token_logprobs
 # Hugging Face's; 2e-4 is 5x the worst gap seen, room for another CPU family in CI, and still
 # 50x below what a wrong temperature, position or weight version does (1e-2 and more).
 LOGPROB_TOL = 2e-4
-
-PROMPTS = ["sum 3 5 2 7\n", "sum 1 2\n", "sum 9 9 9 4\n", "sum 6\n"]
 
 
 def rollout_events_checks():
@@ -51,12 +48,6 @@ def rollout_events_checks():
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_path):
-    model, tok = load_model(tiny_path)
-    return model, tok
-
-
-@pytest.fixture(scope="module")
 def backend(tiny_path, vllm_installed):
     from leantrain.generation.vllm_backend import VLLMBackend
 
@@ -65,21 +56,8 @@ def backend(tiny_path, vllm_installed):
     del vllm.llm
 
 
-@pytest.fixture(scope="module")
-def prompt_ids(policy):
-    _, tok = policy
-    return [tok.encode(t) for t in PROMPTS]
-
-
-def trainer_logprobs(model, prompt: list[int], response: list[int], temperature: float):
-    """The trainer's scorer on one fresh forward over prompt + response."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
-    return token_logprobs(logits, torch.tensor(response), temperature)
-
-
 def test_logprobs_equal_a_fresh_trainer_forward_and_ids_pass_through(
-    backend, policy, prompt_ids
+    backend, policy, prompt_ids, trainer_logprobs
 ) -> None:
     model, tok = policy
     batch = [p for p in prompt_ids for _ in range(4)]  # prompt-major groups, as in a rollout
@@ -329,7 +307,7 @@ def lora_policy(tiny_path, tmp_path_factory, backend, vllm_installed):
 
 
 def test_a_lora_policy_publishes_its_adapter_and_vllm_follows_it(
-    lora_policy, tiny_path, prompt_ids
+    lora_policy, tiny_path, prompt_ids, trainer_logprobs
 ) -> None:
     model, tok, vllm, adapters = lora_policy
     greedy = SamplingParams(temperature=0.0, max_new_tokens=32)
@@ -392,7 +370,9 @@ def test_a_lora_run_starts_vllm_with_its_adapter_settings(
     assert saved.keys() == {k for k in base if ".lora_" not in k}
 
 
-def test_three_grpo_steps_on_vllm_train_on_policy(small_rl_config: RLConfig, backend) -> None:
+def test_three_grpo_steps_on_vllm_train_on_policy(
+    small_rl_config: RLConfig, backend, prompt_texts
+) -> None:
     from leantrain.rl.grpo import GRPORun
 
     cfg = small_rl_config.model_copy(update={"steps": 3, "checkpoint_every": 3}, deep=True)
@@ -414,7 +394,7 @@ def test_three_grpo_steps_on_vllm_train_on_policy(small_rl_config: RLConfig, bac
         assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and r["clip_fraction"] == 0
     # After the run, vLLM holds the trained weights: its greedy output is the trainer's.
     params = SamplingParams(temperature=0.0, max_new_tokens=32)
-    prompts = [run.tokenizer.encode(t) for t in PROMPTS]
+    prompts = [run.tokenizer.encode(t) for t in prompt_texts]
     expected = Engine(run.model, run.tokenizer).generate(prompts, params)
     got = run.source.backend.generate(prompts, params)
     assert [c.response_ids for c in got] == [c.response_ids for c in expected]

@@ -21,7 +21,6 @@ from leantrain.errors import LeantrainError, NotBuiltError
 from leantrain.generation import Engine, SamplingParams, require
 from leantrain.models import load_model
 from leantrain.rl.config import RLConfig, RolloutConfig
-from leantrain.training.logprobs import token_logprobs
 
 pytestmark = pytest.mark.slow  # the server takes 25-40 s to start on 2 cores
 
@@ -29,8 +28,6 @@ pytestmark = pytest.mark.slow  # the server takes 25-40 s to start on 2 cores
 # server runs the same vLLM kernels on the same weights. Measured here over HTTP (16 responses,
 # T=0.7): see the printed gap.
 LOGPROB_TOL = 2e-4
-
-PROMPTS = ["sum 3 5 2 7\n", "sum 1 2\n", "sum 9 9 9 4\n", "sum 6\n"]
 
 
 @pytest.fixture(scope="module")
@@ -51,26 +48,8 @@ def backend(server, tmp_path_factory):
     vllm.close()
 
 
-@pytest.fixture(scope="module")
-def policy(tiny_path):
-    return load_model(tiny_path)
-
-
-@pytest.fixture(scope="module")
-def prompt_ids(policy):
-    _, tok = policy
-    return [tok.encode(t) for t in PROMPTS]
-
-
-def trainer_logprobs(model, prompt: list[int], response: list[int], temperature: float):
-    """The trainer's scorer on one fresh forward over prompt + response."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
-    return token_logprobs(logits, torch.tensor(response), temperature)
-
-
 def test_logprobs_equal_a_fresh_trainer_forward_and_ids_pass_through(
-    backend, policy, prompt_ids
+    backend, policy, prompt_ids, trainer_logprobs
 ) -> None:
     model, tok = policy
     assert backend.max_model_len == 512
@@ -232,7 +211,7 @@ def _generated_tokens(url: str) -> float:
 
 
 def test_a_live_update_switches_running_sequences_to_the_new_version_exactly(
-    server, backend, policy, prompt_ids
+    server, backend, policy, prompt_ids, trainer_logprobs
 ) -> None:
     """`load_weights_live` while a batch decodes (partial rollouts): sequences running at the
     update carry version 0 then version 1 inside one response, and every token's logprob is a
@@ -380,7 +359,9 @@ def test_greedy_tool_episodes_on_a_server_equal_the_native_engines(backend, poli
         assert b.logprobs == pytest.approx(a.logprobs, abs=LOGPROB_TOL)
 
 
-def test_two_grpo_steps_on_a_vllm_server_train_on_policy(small_rl_config: RLConfig, server) -> None:
+def test_two_grpo_steps_on_a_vllm_server_train_on_policy(
+    small_rl_config: RLConfig, server, prompt_texts
+) -> None:
     from leantrain.rl.grpo import GRPORun
 
     cfg = small_rl_config.model_copy(update={"steps": 2, "checkpoint_every": 2}, deep=True)
@@ -403,7 +384,7 @@ def test_two_grpo_steps_on_a_vllm_server_train_on_policy(small_rl_config: RLConf
     print(f"GRPO on vllm serve, weight_sync_s per step: {[r['weight_sync_s'] for r in records]}")
     # After the run the server holds the trained weights: its greedy output is the trainer's.
     params = SamplingParams(temperature=0.0, max_new_tokens=32)
-    prompts = [run.tokenizer.encode(t) for t in PROMPTS]
+    prompts = [run.tokenizer.encode(t) for t in prompt_texts]
     expected = Engine(run.model, run.tokenizer).generate(prompts, params)
     got = backend.generate(prompts, params)
     assert [c.response_ids for c in got] == [c.response_ids for c in expected]
