@@ -239,9 +239,12 @@ def main() -> None:
             continue
         if args.backend == "vllm":
             report, native = grpo_on_vllm(args)
+            # The native run is also the report's `native`; on its own it refreshes the native
+            # results file beside the vLLM one (an --out without `_vllm` in it has none).
             native_out = out.with_name(out.name.replace("_vllm", ""))
-            write_benchmark_json(native_out, native)
-            print(f"wrote {native_out}")
+            if native_out != out:
+                write_benchmark_json(native_out, native)
+                print(f"wrote {native_out}")
         else:
             report = grpo(args, "native")
         write_benchmark_json(out, report)
