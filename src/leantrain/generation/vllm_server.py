@@ -44,11 +44,41 @@ It talks to vLLM 0.32's own routes (httpx, imported inside functions, like vllm 
   trainer's forward of that version gives its logprob. Measured on the tiny preset (CPU, fp32):
   per-version logprob gaps up to 2.0e-5, 0.08 s per update.
 
-`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
-with the flags above, and stops it.
+- A LoRA policy (`lora`: the adapter's peft config; models/lora.py): the servers keep the
+  base weights they started on and only the adapter moves, as in-process. `load_weights`
+  writes the adapter of the state dict it gets as peft's files (`vllm_backend.save_adapter`:
+  `adapter_config.json`, `adapter_model.safetensors`) into `weights_dir/v<version>` (written
+  aside, renamed into place), then on every server at once `POST /v1/load_lora_adapter
+  {"lora_name": "v<version>", "lora_path": folder}`, `POST /v1/unload_lora_adapter` of every
+  other adapter it holds (the previous version's: a server serves one version at a time),
+  `POST /reset_prefix_cache` (vLLM keys a cached block by adapter name and path, which a
+  republished version keeps) and `/update_weight_version`; the previous folder goes. Every
+  request then carries `"model": "v<version>"`, the field vLLM picks an adapter by
+  (`_maybe_get_adapters`). A name already loaded (the version republished) is unloaded first,
+  so vLLM reads the new files under a fresh id. Set-up refuses a server without the adapter
+  routes (404) or, through `GET /server_info`, without LoRA on, of a lower `--max-lora-rank`
+  than `lora.r`, or wrapping other modules than the adapter's. No `load_weights_live`: vLLM
+  fixes a request's adapter when it starts, so a version cannot reach a running request.
 
-What it cannot do (its `capabilities`): hidden states, images, speculation, a KV token budget,
-LoRA. It knows no tasks, runs or training.
+`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
+with the flags above (`server_command`, `server_env`), and stops it. The command, on the tiny
+preset's folder (CPU, fp32), as `server_command` writes it:
+
+    VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+    python -m vllm.entrypoints.launchers.api_server.entry --model FOLDER \
+        --host 127.0.0.1 --port 8000 --dtype float32 --seed 0 \
+        --logprobs-mode processed_logprobs --max-logprobs 0 --enable-scale-out \
+        --enable-prefix-caching --generation-config vllm --max-model-len 512 \
+        --enforce-eager --no-enable-chunked-prefill
+
+and for a LoRA policy (`lora`: r 8 on every projection) the same with
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in the environment (the adapter routes) and
+`--enable-lora --max-lora-rank 8 --max-loras 1 --lora-target-modules down_proj gate_proj
+k_proj o_proj q_proj up_proj v_proj` (the rank rounded up to one vLLM's kernels take; LoRA
+layers on the adapter's modules only, so lm_head stays unwrapped, as in-process).
+
+What it cannot do (its `capabilities`): hidden states, images, speculation, a KV token budget;
+with LoRA, live weights. It knows no tasks, runs or training.
 """
 
 from __future__ import annotations
@@ -76,23 +106,34 @@ from leantrain.generation.backend import Capabilities, Completion
 from leantrain.generation.config import SamplingParams
 from leantrain.generation.vllm_backend import (
     INSTALL_HINT,
+    adapter_weights,
     as_finish_reason,
     check_sampling,
+    lora_engine_args,
     request_params,
+    save_adapter,
     token_versions,
     vllm_available,
 )
 
-if TYPE_CHECKING:  # the annotations only: httpx is imported where it is used
+if TYPE_CHECKING:  # the annotations only: httpx and peft are imported where they are used
     import httpx
+    from peft import LoraConfig
 
 GENERATE = "/inference/v1/generate"
+LORA_HINT = (
+    "a LoRA policy (lora.enabled) needs a server started with --enable-lora --max-lora-rank R "
+    "--max-loras K and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (its adapter "
+    "routes); see server_command / docs/backends.md, 'Server mode'"
+)
 # What a failing route most likely means, by (route, HTTP status).
 _HINTS = {
     (GENERATE, 403): "start the server with --enable-scale-out (its token-in/token-out route)",
     (GENERATE, 404): "the server's vLLM has no token-in/token-out route (vLLM 0.32 has it)",
     ("/weight_info", 404): "start the server with VLLM_SERVER_DEV_MODE=1 (weight routes)",
     ("/collective_rpc", 404): "start the server with VLLM_SERVER_DEV_MODE=1 (weight routes)",
+    ("/v1/load_lora_adapter", 404): LORA_HINT,
+    ("/v1/unload_lora_adapter", 404): LORA_HINT,
 }
 _T = TypeVar("_T")
 
@@ -125,6 +166,9 @@ class VLLMServerBackend:
         timeout_s: longest wait for one call (a group's generation, a server's weight load).
         connect_timeout_s: longest wait for a server to answer its set-up checks.
         max_concurrency: most requests in flight at once, over all servers.
+        lora: the peft `LoraConfig` of the policy's adapter, when it trains one: every server
+            must run with LoRA on (`server_command(lora=...)`), `load_weights` publishes
+            the adapter only, and every request names it. None: whole weights.
 
     Attributes:
         urls: the servers, as given (trailing slashes dropped).
@@ -133,10 +177,12 @@ class VLLMServerBackend:
         version: the policy version of the weights the servers hold (0 until the first
             `load_weights`; set-up labels the servers' weights 0).
         sync_seconds: seconds each `load_weights` took, writing the file included.
+        adapter: with `lora`, the name of the adapter the servers serve (`v<version>`), which
+            every request carries; None before the first publish (the base weights).
     """
 
     # No hidden states, images, speculation or KV budget; weights of its own, synced by the run,
-    # also in the middle of a batch (`load_weights_live`).
+    # also in the middle of a batch (`load_weights_live`; not with `lora`: see __init__).
     capabilities = Capabilities(separate_weights=True, live_weights=True)
 
     def __init__(
@@ -147,6 +193,7 @@ class VLLMServerBackend:
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
         max_concurrency: int = 64,
+        lora: LoraConfig | None = None,
     ) -> None:
         try:
             import httpx
@@ -170,6 +217,13 @@ class VLLMServerBackend:
         self._folder: Path | None = None  # the published version the servers hold
         self.version = 0
         self.sync_seconds: list[float] = []
+        self.lora: LoraConfig | None = lora
+        self.adapter: str | None = None
+        if lora is not None:
+            # A request's adapter is fixed when it starts (vLLM resolves its name once), so a
+            # version cannot reach a running request: no weights in the middle of a batch.
+            self.capabilities = Capabilities(separate_weights=True)
+            self._lora_flags = lora_engine_args(lora)  # what each server must be started with
         lengths = self._on_every_server(lambda url: self._check(url, connect_timeout_s))
         self.max_model_len: int = min(lengths)
         self._on_every_server(lambda url: self._label(url, self.version))
@@ -200,15 +254,19 @@ class VLLMServerBackend:
     def _call(
         self, method: str, url: str, route: str, body: Any = None, timeout: float | None = None
     ) -> Any:
-        """`_request`'s JSON answer (None when empty); an HTTP error status is a
-        `VLLMServerError` too, with what it most likely means."""
+        """`_request`'s JSON answer (its text when not JSON; None when empty); an HTTP error
+        status is a `VLLMServerError` too, with what it most likely means."""
         answer = self._request(method, url, route, body, timeout)
         if answer.status_code >= 400:
             hint = _HINTS.get((route, answer.status_code), "see the server's log")
             raise VLLMServerError(
                 f"{url}{route} answered HTTP {answer.status_code}: {answer.text[:300]}; {hint}"
             )
-        return answer.json() if answer.content else None
+        if not answer.content:
+            return None
+        # The adapter routes answer plain text ("Success: ..."), the others JSON.
+        json_answer = answer.headers.get("content-type", "").startswith("application/json")
+        return answer.json() if json_answer else answer.text
 
     def _on_every_server(self, call: Callable[[str], _T]) -> list[_T]:
         """`call(url)` on every server at once; the results in `urls` order."""
@@ -231,7 +289,36 @@ class VLLMServerBackend:
                 f"{_HINTS[(GENERATE, probe.status_code)]}"
             )
         (model, *_) = self._call("GET", url, "/v1/models", timeout=timeout)["data"]
+        if self.lora is not None:
+            self._check_lora(url, timeout)
         return int(model["max_model_len"])
+
+    def _check_lora(self, url: str, timeout: float) -> None:
+        """Refuse, for a LoRA policy, a server without the adapter routes or without LoRA on,
+        of too low a rank, or wrapping other modules than the adapter's."""
+        # An empty body: the route refuses it (400, fields missing) without loading; a server
+        # without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such route (404).
+        if self._request("POST", url, "/v1/load_lora_adapter", {}, timeout).status_code == 404:
+            raise VLLMServerError(f"{url}/v1/load_lora_adapter answered HTTP 404; {LORA_HINT}")
+        # The engine's settings (a dev-mode route). Under the call timeout, not the connect
+        # one: its first answer collects the server's environment too, seconds on a busy host.
+        info = self._call("GET", url, "/server_info?config_format=json")
+        served = (info.get("vllm_config") or {}).get("lora_config")
+        if not served:
+            raise VLLMServerError(f"{url} serves no LoRA adapters (no --enable-lora); {LORA_HINT}")
+        want = self._lora_flags
+        if int(served["max_lora_rank"]) < self.lora.r:
+            raise VLLMServerError(
+                f"{url} serves LoRA ranks up to {served['max_lora_rank']}, below lora.r "
+                f"{self.lora.r}; start it with --max-lora-rank {want['max_lora_rank']}"
+            )
+        targets = served.get("target_modules")
+        if targets is not None and set(want.get("lora_target_modules", ())) - set(targets):
+            raise VLLMServerError(
+                f"{url} wraps LoRA layers around {sorted(targets)} only; the adapter trains "
+                f"{want['lora_target_modules']}: start it with --lora-target-modules "
+                + " ".join(want["lora_target_modules"])
+            )
 
     def _label(self, url: str, version: int) -> None:
         """Label `url`'s weights `version` (vLLM's weight-version tracking)."""
@@ -268,10 +355,12 @@ class VLLMServerBackend:
         def ask(k: int) -> tuple[str, Any]:
             start, n = groups[k]
             url = self.urls[k % len(self.urls)]
-            body = {
+            body: dict[str, Any] = {
                 "token_ids": list(prompts[start]),
                 "sampling_params": {**fields, "n": n, "seed": base + start},
             }
+            if self.adapter is not None:  # the served adapter, by name (vLLM's `model` field)
+                body["model"] = self.adapter
             return url, self._call("POST", url, GENERATE, body)
 
         workers = max(1, min(len(groups), self.max_concurrency))
@@ -289,7 +378,10 @@ class VLLMServerBackend:
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Publish a state dict by Hugging Face name (any dtype: vLLM casts as it loads) as
         `version` to every server, between `generate` calls: write it, reload it, reset the
-        prefix cache, relabel."""
+        prefix cache, relabel. With `lora`, only its adapter: see `_publish_adapter`."""
+        if self.lora is not None:
+            self._publish_adapter(weights, version)
+            return
         self._publish(weights, version, live=False)
 
     def load_weights_live(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
@@ -299,7 +391,15 @@ class VLLMServerBackend:
         preempted request drops its KV and is recomputed from its tokens so far on the new
         weights when it resumes, so every token sampled after the update is sampled from the
         new version alone (not from new weights over the old ones' KV), as the trainer's
-        forward of that version scores it; the spans give each token's version."""
+        forward of that version scores it; the spans give each token's version.
+
+        Not with `lora`: a running request keeps the adapter it started with."""
+        if self.lora is not None:
+            raise LeantrainError(
+                "VLLMServerBackend with a LoRA adapter cannot publish in the middle of a batch: "
+                "vLLM fixes each request's adapter when it starts; publish between batches "
+                "(load_weights: orchestrator.mode sync or async, not partial)"
+            )
         self._publish(weights, version, live=True)
 
     def _publish(self, weights: Mapping[str, torch.Tensor], version: int, live: bool) -> None:
@@ -338,12 +438,57 @@ class VLLMServerBackend:
         self.version = version
         self.sync_seconds.append(time.perf_counter() - t0)
 
+    def _publish_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Publish the adapter of `weights` as `version`: write it as peft does into
+        `weights_dir/v<version>`, then on every server at once load it under the name
+        `v<version>` (`/v1/load_lora_adapter`), unload every other adapter the server holds
+        (the previous version's: a server serves one policy version at a time), reset the
+        prefix cache and relabel; every later request names it. The base weights never move."""
+        t0 = time.perf_counter()
+        adapter = adapter_weights(weights, "VLLMServerBackend")
+        folder = self._stage(version, lambda staging: save_adapter(self.lora, adapter, staging))
+        name = f"v{version}"
+
+        def swap(url: str) -> None:
+            held = self._adapters(url)
+            if name in held:
+                # The same name again (this version republished, or left by another client of
+                # this server): vLLM refuses a loaded name, and reloaded in place it would keep
+                # its id, so unloaded first, it is read from the new files under a fresh id.
+                self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name})
+            self._call(
+                "POST", url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}
+            )
+            for other in held - {name}:
+                self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": other})
+            # The prefix cache keys a block by adapter name and path, which a republished
+            # version keeps: its blocks of the old files must go.
+            if not self._call("POST", url, "/reset_prefix_cache")["success"]:
+                raise VLLMServerError(
+                    f"{url}/reset_prefix_cache failed: KV blocks are still held by running "
+                    "requests (another client of this server?)"
+                )
+            self._label(url, version)
+
+        self._on_every_server(swap)
+        old, self._folder = self._folder, folder
+        if old is not None and old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+        self.adapter = name
+        self.version = version
+        self.sync_seconds.append(time.perf_counter() - t0)
+
+    def _adapters(self, url: str) -> set[str]:
+        """The names of the LoRA adapters `url` holds (its `/v1/models` cards with a parent:
+        the base model's card has none)."""
+        cards = self._call("GET", url, "/v1/models")["data"]
+        return {c["id"] for c in cards if c.get("parent")}
+
     def _write(self, weights: Mapping[str, torch.Tensor], version: int) -> Path:
         """`weights` as `model.safetensors` in `weights_dir/v<version>`, written aside and
         renamed into place, so a server never reads half a file."""
         from safetensors.torch import save_file
 
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
         tensors: dict[str, torch.Tensor] = {}
         storages: set[int] = set()
         for name, tensor in weights.items():
@@ -354,8 +499,16 @@ class VLLMServerBackend:
                 t = t.clone()
             storages.add(t.untyped_storage().data_ptr())
             tensors[name] = t
+        return self._stage(
+            version, lambda staging: save_file(tensors, str(staging / "model.safetensors"))
+        )
+
+    def _stage(self, version: int, write: Callable[[Path], None]) -> Path:
+        """The folder `weights_dir/v<version>`, filled by `write` in a fresh folder beside it
+        and renamed into place, so a server never reads half a file."""
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.weights_dir))
-        save_file(tensors, str(staging / "model.safetensors"))
+        write(staging)
         folder = self.weights_dir / f"v{version}"
         shutil.rmtree(folder, ignore_errors=True)  # the same version published again
         staging.rename(folder)
@@ -409,11 +562,19 @@ def server_command(
     max_model_len: int | None = None,
     seed: int = 0,
     enforce_eager: bool = True,
+    lora: LoraConfig | None = None,
+    max_loras: int = 1,
 ) -> list[str]:
     """The command that starts a `vllm serve` this backend can use (run it with
-    `VLLM_SERVER_DEV_MODE=1` in the environment). `python -m` the server's module rather than
-    the `vllm` script: vllm-cpu's script fails to start (it asks for the version of a package
-    named `vllm`, which vllm-cpu is not); the flags are `vllm serve`'s."""
+    `VLLM_SERVER_DEV_MODE=1` in the environment, and with `lora` also
+    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`: `server_env`). `python -m` the server's module
+    rather than the `vllm` script: vllm-cpu's script fails to start (it asks for the version of
+    a package named `vllm`, which vllm-cpu is not); the flags are `vllm serve`'s.
+
+    `lora`: the peft `LoraConfig` of a LoRA policy's adapter: the server serves adapters up to
+    its rank (vLLM's next kernel rank), `max_loras` per engine step, with LoRA layers on the
+    adapter's modules only (lm_head stays unwrapped), as the in-process backend starts its
+    engine (`lora_engine_args`)."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
         "--model", str(model), "--host", host, "--port", str(port), "--dtype", dtype,
@@ -426,6 +587,12 @@ def server_command(
     ]  # fmt: skip
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
+    if lora is not None:
+        args = lora_engine_args(lora, max_loras)
+        cmd += ["--enable-lora", "--max-lora-rank", str(args["max_lora_rank"])]
+        cmd += ["--max-loras", str(args["max_loras"])]
+        if "lora_target_modules" in args:
+            cmd += ["--lora-target-modules", *args["lora_target_modules"]]
     if enforce_eager:
         cmd.append("--enforce-eager")
     if not torch.cuda.is_available():
@@ -469,6 +636,15 @@ class LocalServer:
         self.close()
 
 
+def server_env(lora: bool = False) -> dict[str, str]:
+    """The environment variables a server this backend uses needs: the dev-mode weight routes,
+    and for a LoRA policy the runtime adapter routes (`/v1/load_lora_adapter`)."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (the OS picks it)."""
     with socket.socket() as s:
@@ -487,11 +663,14 @@ def launch_server(
     enforce_eager: bool = True,
     timeout_s: float = 300.0,
     log: str | Path | None = None,
+    lora: LoraConfig | None = None,
+    max_loras: int = 1,
 ) -> LocalServer:
     """Start `vllm serve` on the Hugging Face folder `model`, bound to 127.0.0.1 (`port`; None:
     a free one), and wait until `/health` answers; a `VLLMServerError` with the server's last
     log lines if it exits or is not up within `timeout_s`. Its output goes to `log` (None: a
-    temporary file). The KV cache takes `kv_cache_gib` GiB."""
+    temporary file). The KV cache takes `kv_cache_gib` GiB. `lora` (a peft `LoraConfig`):
+    a server for a LoRA policy's adapters (`server_command`)."""
     import httpx
 
     if not vllm_available():
@@ -499,9 +678,9 @@ def launch_server(
     port = free_port() if port is None else port
     cmd = server_command(
         model, port=port, dtype=dtype, max_model_len=max_model_len, seed=seed,
-        enforce_eager=enforce_eager,
+        enforce_eager=enforce_eager, lora=lora, max_loras=max_loras,
     )  # fmt: skip
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    env = {**os.environ, **server_env(lora is not None)}
     if torch.cuda.is_available():
         cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
     else:  # the CPU platform sizes its KV cache from this variable

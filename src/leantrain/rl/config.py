@@ -191,8 +191,9 @@ class RolloutConfig(Strict):
         "(tool episodes too), or async on orchestrator.backend: process or ray, one engine "
         "per worker; `make vllm` installs it); the "
         "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
-        "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does, "
-        "no LoRA; sync mode, async on any orchestrator.backend or partial on local, each "
+        "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does; "
+        "with lora.enabled the adapter only, to servers started with LoRA on; sync mode, "
+        "async on any orchestrator.backend or partial on local (not with LoRA), each "
         "rollout worker on servers of its own, partial loading new versions into them in the "
         "middle of a batch with /pause and /resume; the servers run apart from the trainer, "
         "on other GPUs or machines).",
@@ -259,8 +260,8 @@ class PolicyLoraConfig(LoraSettings):
     enabled: bool = Field(
         False,
         description="Train only a LoRA adapter on `targets` (the rest frozen): a fraction of "
-        "the optimizer state, and on rollout.backend: vllm the publish sends the adapter only "
-        "(a `LoRARequest` per version) instead of every weight.",
+        "the optimizer state, and on rollout.backend: vllm or vllm_server the publish sends "
+        "the adapter only (one adapter per version) instead of every weight.",
     )
     targets: list[str] = Field(
         default_factory=lambda: list(LLAMA_PROJECTIONS),
@@ -286,7 +287,8 @@ class RLConfig(Strict):
     )
     lora: PolicyLoraConfig = Field(
         default_factory=PolicyLoraConfig,
-        description="Train a LoRA adapter instead of every weight (sync mode, one rank).",
+        description="Train a LoRA adapter instead of every weight (one rank; sync mode, or "
+        "async on rollout.backend: vllm_server).",
     )
     steps: int = Field(120, ge=0, description="Optimizer steps (one rollout batch each).")
     seed: int = Field(0, description="Seeds prompts, sampling and initialization.")
@@ -339,21 +341,35 @@ class RLConfig(Strict):
 
     @model_validator(mode="after")
     def _lora_in_sync_mode(self) -> RLConfig:
-        # Rollout workers build their policy copies from the model name: no adapter in them.
-        if self.lora.enabled and self.orchestrator.mode != "sync":
-            raise ValueError(
-                "lora.enabled needs orchestrator.mode: sync "
-                f"(got {self.orchestrator.mode!r}); rollout workers hold no adapter yet"
-            )
-        return self
+        mode = self.orchestrator.mode
+        if not self.lora.enabled or mode == "sync":
+            return self
+        if self.rollout.backend == "vllm_server":
+            # A worker's servers get each version's adapter from the published weights (its
+            # own policy copy is never sampled from), between batches. Not in the middle of
+            # one: vLLM fixes a request's adapter when it starts.
+            if mode == "partial":
+                raise ValueError(
+                    "lora.enabled with orchestrator.mode: partial is not possible on "
+                    "rollout.backend: vllm_server: a running request keeps the adapter it "
+                    "started with, so a version cannot reach it mid-batch; use "
+                    "orchestrator.mode: async or sync"
+                )
+            return self
+        # Other rollout workers build their policy copies from the model name: no adapter.
+        raise ValueError(
+            f"lora.enabled needs orchestrator.mode: sync (got {mode!r}) on rollout.backend: "
+            f"{self.rollout.backend}; rollout workers hold no adapter there yet "
+            "(rollout.backend: vllm_server runs it async)"
+        )
 
     @model_validator(mode="after")
     def _vllm_rollouts(self) -> RLConfig:
         backend = self.rollout.backend
         if backend == "native":
             return self
-        # What is not built on vLLM yet (partial mode in-process, LoRA on servers):
-        # rl/rollout.py `refuse_unsupported`.
+        # What is not built on vLLM yet (partial mode in-process): rl/rollout.py
+        # `refuse_unsupported`.
         urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
         if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:
             # Each worker publishes its versions into servers of its own (rl/rollout.py).

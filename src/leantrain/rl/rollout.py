@@ -233,8 +233,10 @@ def vllm_server_backend(
     """A `VLLMServerBackend` on the servers of `rollout.vllm_urls`, checked now (up, started
     with the flags it needs). The trainer's client publishes `model`'s weights to them now, as
     version 0: a server holds whatever weights it was started on or last given (another run's,
-    even), and the run evaluates before its first step. A worker's client gets each version
-    before its batch (rl/rollout_worker.py), so it publishes nothing here.
+    even), and the run evaluates before its first step. With `lora.enabled` only the adapter
+    is published (the servers keep the base weights they started on, which must be the
+    policy's). A worker's client gets each version before its batch (rl/rollout_worker.py), so
+    it publishes nothing here.
 
     Rollout worker `worker` (of `orchestrator.rollout_workers`) gets servers of its own, URLs
     `worker`, `worker + workers`, ...: a server holds one version at a time, so two workers
@@ -249,7 +251,14 @@ def vllm_server_backend(
     if worker is not None:
         urls = urls[worker :: config.orchestrator.rollout_workers]
         weights_dir = weights_dir / f"worker-{worker}"
-    backend = VLLMServerBackend(urls, weights_dir=weights_dir, timeout_s=r.vllm_timeout_s)
+    lora = config.lora
+    backend = VLLMServerBackend(
+        urls,
+        weights_dir=weights_dir,
+        timeout_s=r.vllm_timeout_s,
+        # With an adapter, each version publishes the adapter only, as `vllm_backend`'s engine.
+        lora=lora_config(lora, lora.targets) if lora.enabled else None,
+    )
     if worker is None:
         backend.load_weights(weights_snapshot(model), 0)
     return backend
@@ -282,19 +291,6 @@ def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
         )
 
 
-def refuse_unbuilt_server(config: RLConfig) -> None:
-    """What `rollout.backend: vllm_server` does not run yet raises `NotBuiltError`: LoRA (the
-    servers would need the adapter routes, not a weight reload). `async` runs on every
-    `orchestrator.backend`, each worker on servers of its own (`vllm_server_backend`), and
-    `partial` on `local` thread workers, which load new versions into their servers in the
-    middle of a batch (`VLLMServerBackend.load_weights_live`)."""
-    if config.lora.enabled:
-        raise NotBuiltError(
-            "lora.enabled is not built for rollout.backend: vllm_server (it publishes whole "
-            "weights); use rollout.backend: vllm, which serves the adapter"
-        )
-
-
 def _same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
@@ -312,8 +308,6 @@ def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
             f"task {config.task.name!r} has image prompts: rollout.backend: {backend} takes no "
             "images here; use rollout.backend: native"
         )
-    if backend == "vllm_server":
-        refuse_unbuilt_server(config)
     mode = config.orchestrator.mode
     if mode == "sync":
         return
