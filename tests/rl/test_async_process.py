@@ -1,16 +1,20 @@
 """Rollout workers in processes of their own, `process` (spawned) and `ray` (actors) backends:
-while a worker boots the trainer generates the batch it needs itself, and a worker process that
-dies mid-run is replaced with nothing lost or duplicated."""
+while a worker boots the trainer generates the batch it needs itself, a worker process that
+dies mid-run is replaced with nothing lost or duplicated, and in partial mode a worker's batch
+in flight switches to each version the trainer publishes (offered to the process or actor),
+every token carrying the version that sampled it."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from transformers import AutoConfig
 
 from leantrain.distributed import leave
 from leantrain.distributed.launch import spawn_ranks
@@ -175,3 +179,61 @@ def test_async_on_two_ranks_trains_worker_batches_in_lockstep(
     assert records[0]["batch_worker"] == "trainer" and records[0]["reward"] == first["reward"]
     for key in ("loss", "grad_norm"):
         assert abs(records[0][key] - first[key]) <= 1e-5, key
+
+
+@pytest.mark.slow  # a worker process or Ray actor starts (imports torch): ~15-30 s on 2 cores
+@pytest.mark.parametrize("backend", ["process", "ray"])
+def test_partial_on_worker_processes_switches_versions_mid_batch_with_exact_tokens(
+    backend: str, tiny_path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Partial mode on a spawned process or a Ray actor: each publish is offered to the worker
+    while its batch runs, and its segments resume on it. No token is older than step - k; at
+    least one trajectory mixes two versions; every token's
+    behaviour logprob is a fresh trainer forward's of the version it carries (within the
+    reordered-sum bound of tests/rl/test_orchestrator.py), far from version 0's."""
+    if backend == "ray":
+        request.getfixturevalue("ray_installed")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_async_vllm import run_steps
+    from test_orchestrator import _reordered_sum_tolerance
+
+    k = 2  # the worker never waits for weights: nearly every publish lands mid-batch
+    cfg = load_settings(
+        RLConfig,
+        None,
+        **{
+            "model.name": str(tiny_path),
+            "steps": 5,
+            "out": tmp_path / backend,
+            "device": "cpu",
+            "task.eval_size": 2,
+            "checkpoint_every": 100,
+            "sampling.max_new_tokens": 48,
+            "grpo.prompts_per_step": 2,
+            "grpo.group_size": 4,
+            "grpo.lr": 1e-3,
+            "grpo.warmup_steps": 0,
+            "orchestrator.mode": "partial",
+            "orchestrator.backend": backend,
+            "orchestrator.max_staleness": k,
+            "orchestrator.segment_tokens": 4,
+            "orchestrator.off_policy": "tis",
+            "orchestrator.timeout_s": 60.0,
+        },
+    )
+    steps = run_steps(cfg)
+    records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert records[0]["batch_worker"] == "trainer"  # the worker still booted
+    assert all(r["batch_worker"].startswith(f"{backend}-worker-0.") for r in records[1:])
+    # Prompt plus response stay far below the MLP's width, which sets the bound.
+    tolerance = _reordered_sum_tolerance(AutoConfig.from_pretrained(tiny_path), seq_len=0)
+    for step, (r, s) in enumerate(zip(records, steps, strict=True)):
+        assert r["staleness_max"] <= k
+        assert all(min(vs) >= max(0, step - k) for vs in s["versions"]), (step, s["versions"])
+        assert s["logprob_gap"] < tolerance, (step, s["logprob_gap"])
+        if r["batch_version"] > 0:  # sampled on published weights, not the starting ones
+            assert s["gap_to_v0"] > 1e-3, (step, s["gap_to_v0"])
+    mixed = [r["mixed_version_trajectories"] for r in records]
+    print(f"partial on a {backend} worker: trajectories with two versions per step {mixed}")
+    assert sum(mixed) > 0  # offers did reach a batch in flight

@@ -3,13 +3,15 @@ process` or `ray`): a spawned worker or a Ray actor holds its own vLLM engine an
 published version between batches, so every token of a batch carries that batch's version, as
 vLLM's own weight-version spans report it, and each token's behaviour logprob is what a fresh
 trainer forward of that version gives; a short k=1 GRPO run trains with staleness at most 1 and
-events that tile; a vLLM actor that keeps dying ends the run with an error naming it. What async
-on vLLM does not run yet is refused by name, and a policy made in memory is saved for vLLM once
-per run folder, however many processes need it. On a launched `vllm serve` (`rollout.backend:
-vllm_server`) a thread, process or Ray worker holds the server and keeps the same guarantees,
-read from the server's weight-version spans; async needs a server per worker; a partial run
-loads versions into the server mid-batch and trains on mixed-version trajectories whose every
-token's logprob is its version's.
+events that tile; a vLLM actor that keeps dying ends the run with an error naming it; a partial
+run on a worker process resumes its segments on each version offered to it, every token's
+logprob its version's. What async on vLLM does not run yet is refused by name, and a policy made
+in memory is saved for vLLM once per run folder, however many processes need it. On a launched
+`vllm serve` (`rollout.backend: vllm_server`) a thread, process or Ray worker holds the server
+and keeps the same guarantees, read from the server's weight-version spans; async needs a
+server per worker; a partial run (a thread or a process worker) loads versions into the server
+mid-batch and trains on mixed-version trajectories whose every token's logprob is its
+version's.
 
 The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
 must not share a process with the engines other test modules start and free (an engine started
@@ -20,10 +22,8 @@ after one is freed fails). Tests that need vllm skip where it is not installed a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -63,15 +63,16 @@ def _config(out: Path, mode: str, steps: int = STEPS, backend: str = "process") 
             "rollout.vllm_max_model_len": 512,
             "orchestrator.mode": mode,
             "orchestrator.timeout_s": 300.0,
-            **(workers if mode == "async" else {}),
+            **(workers if mode != "sync" else {}),
         },
     )
 
 
 def run_steps(cfg: RLConfig, faults: FaultPlan | None = None) -> list[dict[str, Any]]:
     """Drive `cfg`'s run step by step (in this process, on a small local Ray for `backend:
-    ray`; the workers inject `faults`); in async mode, after the first step (the trainer's own
-    batch while the worker boots) wait for the worker, so the later batches are the worker's.
+    ray`; the workers inject `faults`); in async and partial mode, after the first step (the
+    trainer's own batch while the worker boots) wait for the worker, so the later batches are
+    the worker's.
     One record a step: its wall seconds, each trajectory's set of token versions, and the
     largest gap between a behaviour logprob and a fresh trainer forward of the version that
     sampled it (and of version 0)."""
@@ -114,10 +115,10 @@ def _run_steps(cfg: RLConfig, faults: FaultPlan | None) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             o.step()
             seen[-1]["step_s"] = time.perf_counter() - t0
-            if run.step == 1 and cfg.orchestrator.mode == "async":
+            if run.step == 1 and cfg.orchestrator.mode != "sync":
                 deadline = time.monotonic() + cfg.orchestrator.timeout_s
                 while not o.pool.ready(0):
-                    assert time.monotonic() < deadline, "the vLLM worker never became ready"
+                    assert time.monotonic() < deadline, "the worker never became ready"
                     time.sleep(0.1)
     for record, trajectories in zip(seen, trained, strict=True):
         record["logprob_gap"] = _logprob_gap(cfg, trajectories, published)
@@ -214,15 +215,6 @@ def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
     check_async_run(cfg, run_in_child(cfg), "process-worker")
 
 
-@pytest.fixture
-def ray_installed() -> None:
-    """Skip a Ray test where ray is missing, but fail it in CI, which installs it."""
-    if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("ray is missing (pip install 'leantrain[ray]')")
-        pytest.skip("needs ray")
-
-
 @pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~30-40 s on 2 cores
 def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
     tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
@@ -290,31 +282,65 @@ def test_async_k1_on_a_vllm_server_trains_each_batch_on_one_exact_version(
     assert httpx.get(f"{server.url}/weight_info", trust_env=False).json() == {"weight_version": "3"}
 
 
-@pytest.mark.slow  # a launched vllm serve (shared with the tests above), then 3 steps
-def test_partial_on_a_vllm_server_loads_each_version_mid_batch_with_exact_token_versions(
-    server: Any, tmp_path: Path
+def check_partial_run(
+    cfg: RLConfig, steps: list[dict[str, Any]], worker: str, trajectories: int
 ) -> None:
-    """Partial mode on a server: the thread worker decodes each batch in one call and loads
-    every version the trainer publishes meanwhile into the server (pause, reload, resume).
-    Each token carries the version its span names, never below the batch's nor more than one
-    above it (k = 1, one worker), staleness stays within 1, and every token's behaviour
-    logprob is a fresh trainer forward's of that version."""
-    cfg = _server_config(tmp_path / "partial", server.url, "local", mode="partial")
-    # k = 2: the worker never waits for weights, so it decodes batch after batch while the
-    # trainer trains, and nearly every publish lands in the middle of a batch.
-    cfg.steps, cfg.orchestrator.max_staleness = 4, 2
-    steps = run_steps(cfg)
+    """What every partial run on vLLM keeps, its batches after the first from `worker`'s
+    workers: each token carries a version never below its batch's start nor more than k above
+    it, staleness stays within k, every token's behaviour logprob is a fresh trainer forward's
+    of that version, and updates did land in the middle of a response."""
     records = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    k = cfg.orchestrator.max_staleness
+    assert [r["step"] for r in records] == list(range(1, cfg.steps + 1))
+    assert all(r["batch_worker"].startswith(f"{worker}-0.") for r in records[1:])
     for r, s in zip(records, steps, strict=True):
-        assert r["batch_worker"].startswith("worker-0.")
-        assert math.isfinite(r["loss"]) and r["staleness_max"] <= 2
+        assert math.isfinite(r["loss"]) and r["staleness_max"] <= k
         v = r["batch_version"]
-        assert all(set(vs) <= {v, v + 1, v + 2} for vs in s["versions"]), (v, s["versions"])
+        assert all(set(vs) <= set(range(v, v + k + 1)) for vs in s["versions"]), (v, s)
+        assert len(s["versions"]) == trajectories
         assert s["logprob_gap"] < LOGPROB_TOL, s["logprob_gap"]
     mixed = [r["mixed_version_trajectories"] for r in records]
-    print(f"partial on vllm serve: trajectories with two versions per step {mixed}")
+    print(f"partial on {worker}: trajectories with two versions per step {mixed}")
     assert sum(mixed) > 0  # updates did land mid-response
+
+
+@pytest.mark.slow  # a vLLM engine in the trainer and one in a worker process: ~60 s on 2 cores
+def test_partial_on_vllm_worker_processes_resumes_segments_on_each_version(
+    tiny_path: Path, tmp_path: Path, vllm_installed: None
+) -> None:
+    """Partial mode on an in-process vLLM engine of a worker process: the batch decodes in
+    segments, each a `generate` on the version loaded last (offered to the process while the
+    batch runs; the reload resets the prefix cache, so resumed rows re-prefill on the new
+    weights). vLLM's own version record of each segment is checked against the version loaded,
+    and every token's logprob is its version's."""
+    cfg = _config(tmp_path / "partial-vllm", "partial", steps=4)
+    # k = 2: the worker never waits for weights, so publishes land in its batches.
+    cfg.orchestrator.max_staleness, cfg.orchestrator.segment_tokens = 2, 8
+    check_partial_run(cfg, run_in_child(cfg), "process-worker", PROMPTS * GROUP)
+
+
+@pytest.mark.slow  # a launched vllm serve (shared with the tests above), then 7 steps
+@pytest.mark.parametrize(
+    ("backend", "worker"), [("local", "worker"), ("process", "process-worker")]
+)
+def test_partial_on_a_vllm_server_loads_each_version_mid_batch_with_exact_token_versions(
+    server: Any, tmp_path: Path, backend: str, worker: str
+) -> None:
+    """Partial mode on a server: the worker (a thread, or a spawned process offered each
+    version while its batch runs) decodes each batch in one call and loads every version the
+    trainer publishes meanwhile into the server (pause, reload, resume). Each token carries the
+    version its span names, within k of the batch's, staleness stays within k, and every
+    token's behaviour logprob is a fresh trainer forward's of that version."""
+    cfg = _server_config(tmp_path / f"partial-{backend}", server.url, backend, mode="partial")
+    # k = 2: the worker runs ahead (batches 0-2 on version 0), then starts each batch on the
+    # version just published, so the next lands in it whenever the batch decodes longer than
+    # a step trains. A batch lasts as long as its longest response and a step as all its
+    # tokens: a long budget (128; the model's longest responses reach it) tips that way, and
+    # 7 steps give it 4 batches to happen in (a process worker, sharing no GIL with the
+    # trainer, mixed 1 batch of 2 in a 5-step run).
+    cfg.steps, cfg.orchestrator.max_staleness = 7, 2
+    cfg.sampling = cfg.sampling.model_copy(update={"max_new_tokens": 128})
+    check_partial_run(cfg, run_steps(cfg), worker, PROMPTS * GROUP)
 
 
 def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeypatch) -> None:
@@ -377,13 +403,16 @@ def test_vllm_refuses_what_async_on_it_does_not_run_yet(tmp_path: Path) -> None:
     for backend in ("process", "ray"):  # async on worker processes and Ray actors is built
         cfg.orchestrator.backend = backend
         refuse_unsupported(cfg, task, example)
+    cfg.orchestrator.mode = "partial"  # so is partial, whose segments reload between calls
+    for backend in ("process", "ray"):
+        cfg.orchestrator.backend = backend
+        refuse_unsupported(cfg, task, example)
     cfg.orchestrator.backend = "local"
-    with pytest.raises(NotImplementedError, match=r"process or ray only.*trainer's process"):
-        refuse_unsupported(cfg, task, example)
-    cfg.orchestrator.mode = "partial"
-    with pytest.raises(NotBuiltError, match=r"partial.*pause_generation") as refused:
-        refuse_unsupported(cfg, task, example)
-    assert isinstance(refused.value, LeantrainError)  # the CLI prints it on one line
+    for mode in ("async", "partial"):
+        cfg.orchestrator.mode = mode
+        with pytest.raises(NotBuiltError, match=rf"{mode} .*process or ray only.*trainer's") as no:
+            refuse_unsupported(cfg, task, example)
+        assert isinstance(no.value, LeantrainError)  # the CLI prints it on one line
 
 
 def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, monkeypatch) -> None:

@@ -274,13 +274,15 @@ def test_partial_mode_switches_versions_mid_trajectory(tiny_path: Path, tmp_path
 
 
 def test_unsupported_combinations_are_refused(tiny_path: Path, tmp_path: Path) -> None:
-    # Refused by the config, when it is loaded: partial rollouts poll the local weight store.
-    with pytest.raises(LeantrainError, match="local backend only"):
-        _config(
-            tiny_path,
-            tmp_path / "bad",
-            **{"orchestrator.mode": "partial", "orchestrator.backend": "ray"},
-        )
+    # Partial runs on every backend (processes and Ray actors are offered each version:
+    # tests/rl/test_async_process.py); what no rollout worker does is refused by the config,
+    # when it is loaded, naming the fields.
+    partial = {"orchestrator.mode": "partial"}
+    for backend in ("local", "process", "ray"):
+        _config(tiny_path, tmp_path / backend, **partial, **{"orchestrator.backend": backend})
+    for field in ("speculative.enabled", "lora.enabled"):
+        with pytest.raises(LeantrainError, match=rf"{field} needs orchestrator.mode: sync"):
+            _config(tiny_path, tmp_path / "bad", **partial, **{field: True})
 
 
 def test_async_workers_keep_to_the_kv_budget(

@@ -70,6 +70,9 @@ class LocalBackend:
     def publish(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return weights  # threads load the learner's snapshot as it is
 
+    def offer(self, weights: Published) -> None:
+        pass  # a thread's `newest` reads the store itself
+
     def abandon(self, slot: int) -> None:
         self._slots[slot] = None  # its thread, if still running, finishes into the void
 

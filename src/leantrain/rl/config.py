@@ -88,7 +88,9 @@ class OrchestratorConfig(Strict):
         description="sync: generate, then train, in turn. async: rollouts of later steps are "
         "generated while the trainer trains, each batch on one policy version it keeps to the "
         "end. partial: like async, but in-flight sequences switch to newly published weights "
-        "at segment boundaries (fresher data, mixed versions per trajectory).",
+        "at segment boundaries (fresher data, mixed versions per trajectory); on every "
+        "backend (threads read the trainer's weights, worker processes and Ray actors are "
+        "offered each version as it is published).",
     )
     max_staleness: int = Field(
         1,
@@ -168,15 +170,6 @@ class OrchestratorConfig(Strict):
             )
         return self
 
-    @model_validator(mode="after")
-    def _partial_on_the_local_backend(self) -> OrchestratorConfig:
-        if self.mode == "partial" and self.backend != "local":
-            raise ValueError(
-                "mode partial runs on the local backend only (workers poll the weight store "
-                f"while they generate), not {self.backend!r}; use backend: local or mode: async"
-            )
-        return self
-
 
 class RolloutConfig(Strict):
     """Which engine samples the rollouts and the run's greedy test evaluations (rl/rollout.py).
@@ -188,12 +181,12 @@ class RolloutConfig(Strict):
         "hidden-state capture for the drafter, images, speculation, a KV budget; the fast choice "
         "for the tiny CPU models). vllm: an in-process vLLM engine on a copy of the weights, "
         "synced at every policy version (sampling only, no top-k/top-p, no images; sync mode "
-        "(tool episodes too), or async on orchestrator.backend: process or ray, one engine "
-        "per worker; `make vllm` installs it); the "
-        "road to real models on GPUs. vllm_server: running `vllm serve` servers over HTTP "
-        "(vllm_urls), weights published to them through vllm_weights_dir (what vllm does; "
-        "with lora.enabled the adapter only, to servers started with LoRA on; sync mode, "
-        "async on any orchestrator.backend or partial on local (not with LoRA), each "
+        "(tool episodes too), or async or partial on orchestrator.backend: process or ray, one "
+        "engine per worker, partial loading new versions between segments; `make vllm` "
+        "installs it); the road to real models on GPUs. vllm_server: running `vllm serve` "
+        "servers over HTTP (vllm_urls), weights published to them through vllm_weights_dir "
+        "(what vllm does; with lora.enabled the adapter only, to servers started with LoRA on; "
+        "sync mode, or async or partial (not with LoRA) on any orchestrator.backend, each "
         "rollout worker on servers of its own, partial loading new versions into them in the "
         "middle of a batch with /pause and /resume; the servers run apart from the trainer, "
         "on other GPUs or machines).",
@@ -368,7 +361,7 @@ class RLConfig(Strict):
         backend = self.rollout.backend
         if backend == "native":
             return self
-        # What is not built on vLLM yet (partial mode in-process): rl/rollout.py
+        # What is not built on vLLM yet (thread workers in-process): rl/rollout.py
         # `refuse_unsupported`.
         urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
         if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:

@@ -17,7 +17,9 @@ Two threads of control: the trainer (the caller's thread, `AsyncOrchestrator.ste
 dispatcher (a thread that hands batch indices to free workers, collects results, and watches
 every wait against `timeout_s`). Workers are threads (rl/async_local.py), spawned processes
 (rl/async_process.py) or Ray actors (rl/ray_backend.py) behind one small `WorkerPool` interface;
-weights travel as state dicts or object-store references, tagged with their version.
+weights travel as state dicts or object-store references, tagged with their version. In
+`partial` mode each publish is also offered to the workers at once (`WorkerPool.offer`), so a
+batch in flight on any of them sees it.
 
 When the trainer needs a batch that no worker has started and no ready worker is free to start
 (every batch of a synchronous run; at the start of an async one, while worker processes or actors
@@ -96,6 +98,10 @@ class WorkerPool(Protocol):
     def publish(self, weights: dict[str, torch.Tensor]) -> Any:
         """The learner's weight snapshot as workers load it (the store's payload): as it is in
         this process, on the CPU for another one, a reference in Ray's object store."""
+
+    def offer(self, weights: Published) -> None:
+        """Partial mode: hand a newly published version to every live worker, so a batch in
+        flight switches to it at its next segment (threads read the store instead)."""
 
     def abandon(self, slot: int) -> None:
         """Give up on `slot`'s worker (dead or stalled); its late result is ignored."""
@@ -416,6 +422,8 @@ class Orchestrator:
         if separate:
             self.source.backend.load_weights(weights, self.learner.version)
         self.store.publish(self.learner.steps, self.learner.version, payload)
+        if self.pool.workers and self.cfg.mode == "partial":
+            self.pool.offer(Published(self.learner.steps, self.learner.version, payload))
         return time.perf_counter() - t0
 
     def _doing(self, what: str, busy: bool, span: str, **attrs: Any) -> None:

@@ -13,13 +13,20 @@ caller (or the learner actor this runs in) is used as it is. With
 timeout; a dead actor (its process gone) surfaces as that Future's exception, a `WorkerExited`
 that names the worker, and a stalled one is killed with `ray.kill` and replaced.
 
+In partial mode the actor is threaded (`max_concurrency` 2): while `generate` runs on one
+thread, `offer` takes each newly published version (its object-store reference, put once for
+every actor) on the other and keeps the newest in a slot, which the batch reads between segments
+(its `newest`).
+
 With `rollout.backend: vllm` each actor holds its own in-process vLLM engine, as a `process`
-worker does (rl/rollout_worker.py builds it), and loads each published version between batches.
+worker does (rl/rollout_worker.py builds it), and loads each published version between batches
+(between segments in partial mode).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 from typing import Any
 
 import torch
@@ -40,6 +47,10 @@ class _Actor:
         torch.set_num_threads(threads)
         self.worker = RolloutWorker(config, name, faults, slot)
         self.timeout_s = config.orchestrator.timeout_s
+        self.partial = config.orchestrator.mode == "partial"
+        # partial: the newest offered (version, weights); `offer` runs beside `generate`.
+        self._lock = threading.Lock()
+        self._newest: tuple[int, Any] | None = None
 
     def ping(self) -> str:
         """Answers, with the id of the Ray node it runs on, once the actor is constructed (its
@@ -52,11 +63,35 @@ class _Actor:
         import ray
 
         # The reference travels inside a list so Ray does not fetch it before the call: a worker
-        # that already holds this version skips the transfer.
+        # that already holds this version (or was offered it) skips the transfer.
         state = None
         if version != self.worker.version:
-            state = ray.get(weights[0], timeout=self.timeout_s)
-        return self.worker.generate(index, attempt, version, state)
+            offered = self.newest()
+            if offered is not None and offered[0] == version:
+                state = offered[1]
+            else:
+                state = ray.get(weights[0], timeout=self.timeout_s)
+        newest = self.newest if self.partial else None
+        return self.worker.generate(index, attempt, version, state, newest)
+
+    def offer(self, version: int, weights: list[Any]) -> None:
+        """Partial mode: fetch a newly published version (its reference in a list, as in
+        `generate`) for the batch running now, or the next; an older one than held is
+        dropped (two offers may run side by side on a threaded actor)."""
+        import ray
+
+        with self._lock:
+            if self._newest is not None and self._newest[0] >= version:
+                return
+        state = ray.get(weights[0], timeout=self.timeout_s)
+        with self._lock:
+            if self._newest is None or self._newest[0] < version:
+                self._newest = (version, state)
+
+    def newest(self) -> tuple[int, Any] | None:
+        """The newest offered (version, weights), or None: the worker's `NewestWeights`."""
+        with self._lock:
+            return self._newest
 
 
 class RayBackend:
@@ -74,7 +109,11 @@ class RayBackend:
         if o.ray_rollout_resource is not None:
             check_resource(ray, o.ray_rollout_resource, "orchestrator.ray_rollout_resource")
             resources = {o.ray_rollout_resource: SHARE}
-        self._remote = ray.remote(num_cpus=0, resources=resources)(_Actor)
+        # partial: a second thread takes `offer` while `generate` runs.
+        concurrency = 2 if o.mode == "partial" else 1
+        self._remote = ray.remote(num_cpus=0, resources=resources, max_concurrency=concurrency)(
+            _Actor
+        )
         self._actors: list[Any] = [None] * self.workers
         self._started: list[cf.Future | None] = [None] * self.workers
         self._names: list[str] = [""] * self.workers
@@ -124,6 +163,11 @@ class RayBackend:
 
     def publish(self, weights: dict[str, torch.Tensor]) -> Any:
         return self.ray.put({k: v.cpu() for k, v in weights.items()})
+
+    def offer(self, weights: Published) -> None:
+        for actor in list(self._actors):  # a snapshot: the dispatcher replaces actors
+            if actor is not None:  # fire and forget: a dead actor's `generate` reports it
+                actor.offer.remote(weights.version, [weights.payload])
 
     def abandon(self, slot: int) -> None:
         actor, self._actors[slot], self._started[slot] = self._actors[slot], None, None

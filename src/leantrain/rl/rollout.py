@@ -267,22 +267,14 @@ def vllm_server_backend(
 def refuse_unbuilt_vllm(mode: str, backend: str) -> None:
     """Async modes on vLLM not built yet raise `NotBuiltError` (a `NotImplementedError`).
 
-    Built: `async` on `process` workers and on `ray` actors (a process each too), each holding
-    one engine and loading each version between batches. Not built: `partial`, whose segments
-    poll the weight store from a worker thread (`local` only) and which on vLLM would want a sync
-    in the middle of decoding: vLLM 0.32's `pause_generation` / `resume_generation` exist on its
-    `AsyncLLM` only, not on the in-process `LLM` the backend drives. `async` on `local` threads:
-    a worker's engine would be a second in-process vLLM engine in the trainer's process (they
-    tear each other's process groups down)."""
-    if mode == "partial":
-        raise NotBuiltError(
-            "orchestrator.mode: partial is not built for rollout.backend: vllm: it runs on "
-            "orchestrator.backend: local only, where a second in-process vLLM engine cannot live "
-            "beside the trainer's, and vLLM's pause_generation / resume_generation exist on its "
-            "AsyncLLM only, not on the in-process LLM; use orchestrator.mode: async with "
-            "orchestrator.backend: process or ray, or rollout.backend: vllm_server, whose "
-            "servers pause and resume"
-        )
+    Built: `async` and `partial` on `process` workers and on `ray` actors (a process each too),
+    each holding one engine. In `async` it loads each version between batches; in `partial`
+    between segments (rl/rollout_worker.py): each segment is a `generate` of its own on the
+    version loaded (the reload resets the prefix cache, so a resumed sequence is re-prefilled
+    on the new weights), which needs no sync in the middle of decoding (vLLM 0.32's
+    `pause_generation` exists on its `AsyncLLM` only, not on the in-process `LLM`). Not built:
+    either mode on `local` threads, whose engine would be a second in-process vLLM engine in the
+    trainer's process (they tear each other's process groups down)."""
     if backend == "local":
         raise NotBuiltError(
             f"orchestrator.mode: {mode} on rollout.backend: vllm runs on orchestrator.backend: "
@@ -298,8 +290,8 @@ def _same_file(a: Path, b: Path) -> bool:
 def refuse_unsupported(config: RLConfig, task: Task, example: Example) -> None:
     """Refuse, once and at set-up, what rollout workers cannot run: tool episodes and image
     prompts run in the synchronous loop only (speculation is refused by the config itself), and
-    in-process vLLM rollouts run async on worker processes or Ray actors only (on vLLM
-    servers, every mode: async on any workers, partial on threads). Image prompts (a
+    in-process vLLM rollouts run async or partial on worker processes or Ray actors only (on vLLM
+    servers, every mode on any workers). Image prompts (a
     vision-language model's task, tool episodes included) are refused on vLLM here, before its
     engine starts."""
     backend = config.rollout.backend

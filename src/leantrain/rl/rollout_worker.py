@@ -12,7 +12,10 @@ Knows nothing about scheduling, buffers or other workers. Two ways to use a vers
 - `partial` (abort and resume, as slime's fully-async mode and PipelineRL): the batch decodes in
   segments of `segment_tokens`; before each segment the worker loads the newest version if there
   is one, and in-flight sequences resume on it (re-prefilled from their tokens so far). Each
-  token records the version that sampled it; the loss corrects for the mix (rl/losses.py). On
+  token records the version that sampled it (checked against the backend's own record where
+  it keeps one: vLLM's); the loss corrects for the mix (rl/losses.py). The newest version is
+  `newest`, given by the backend: a thread's reads the trainer's weight store, a process's or
+  Ray actor's the newest version offered to it while the batch runs. On
   a backend that takes weights in the middle of a batch (`live_weights`: vLLM servers) there are
   no segments: the batch is one `generate`, and a watcher thread loads each newer version into
   it while it runs (pause, reload, resume); the backend's own record says each token's version.
@@ -214,14 +217,16 @@ class RolloutWorker:
                 segment,
                 seed=seed + k * _SEGMENT_SEED_STRIDE,
             )
+            # vLLM's own record of the segment's versions, checked to be the one loaded.
+            sampled = sampled_versions(outs, self.version)
             still = []
-            for i, out in zip(live, outs, strict=True):
+            for i, out, out_versions in zip(live, outs, sampled, strict=True):
                 c = partial[i]
                 room = budget - len(c.response_ids)
                 c.response_ids += out.response_ids[:room]
                 c.logprobs += out.logprobs[:room]
                 c.timeline.then(out.timeline)  # the time between segments is a `wait` span
-                versions[i] += [self.version] * min(room, len(out.response_ids))
+                versions[i] += out_versions[:room]
                 if out.finish_reason != "length" and len(out.response_ids) <= room:
                     c.finish_reason = out.finish_reason  # eos or stop: finished
                 elif len(c.response_ids) < budget:
