@@ -98,3 +98,12 @@ def vllm_installed() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{message} (CI is set, so the vLLM tests must run)")
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def ray_installed() -> None:
+    """Skip a Ray test where ray is missing, but fail it in CI, which installs it."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("ray is missing (pip install 'leantrain[ray]')")
+        pytest.skip("needs ray")

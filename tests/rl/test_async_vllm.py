@@ -20,10 +20,8 @@ after one is freed fails). Tests that need vllm skip where it is not installed a
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -214,15 +212,6 @@ def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
     check_async_run(cfg, run_in_child(cfg), "process-worker")
 
 
-@pytest.fixture
-def ray_installed() -> None:
-    """Skip a Ray test where ray is missing, but fail it in CI, which installs it."""
-    if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("ray is missing (pip install 'leantrain[ray]')")
-        pytest.skip("needs ray")
-
-
 @pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~30-40 s on 2 cores
 def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
     tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
@@ -322,7 +311,7 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
     from leantrain.generation import vllm_server
     from leantrain.rl.rollout import vllm_server_backend
 
-    def config(urls: list[str]) -> RLConfig:
+    def config(urls: list[str], placed: int = 0) -> RLConfig:
         return load_settings(
             RLConfig,
             None,
@@ -330,6 +319,7 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
                 "out": tmp_path,
                 "rollout.backend": "vllm_server",
                 "rollout.vllm_urls": urls,
+                "rollout.vllm_ray_servers": placed,
                 "orchestrator.mode": "async",
                 "orchestrator.rollout_workers": 2,
             },
@@ -337,6 +327,12 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
 
     with pytest.raises(LeantrainError, match=r"rollout_workers is 2 but rollout.vllm_urls has 1"):
         config(["http://127.0.0.1:1"])
+    # Servers the run places on Ray count as URLs do (their URLs fill vllm_urls at set-up).
+    with pytest.raises(
+        LeantrainError, match=r"rollout_workers is 2 but rollout.vllm_ray_servers is 1"
+    ):
+        config([], placed=1)
+    config([], placed=2)
     cfg = config(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://h:3"])
     # Worker i of n takes URLs i, i + n, ... and a folder of its own: no server is shared,
     # none is left out; the trainer's client is on every server.
