@@ -100,7 +100,7 @@ def vllm_installed() -> None:
         pytest.skip(message)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def ray_installed() -> None:
     """Skip a Ray test where ray is missing, but fail it in CI, which installs it."""
     if importlib.util.find_spec("ray") is None:

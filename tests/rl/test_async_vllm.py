@@ -348,7 +348,7 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
     from leantrain.generation import vllm_server
     from leantrain.rl.rollout import vllm_server_backend
 
-    def config(urls: list[str]) -> RLConfig:
+    def config(urls: list[str], placed: int = 0) -> RLConfig:
         return load_settings(
             RLConfig,
             None,
@@ -356,6 +356,7 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
                 "out": tmp_path,
                 "rollout.backend": "vllm_server",
                 "rollout.vllm_urls": urls,
+                "rollout.vllm_ray_servers": placed,
                 "orchestrator.mode": "async",
                 "orchestrator.rollout_workers": 2,
             },
@@ -363,6 +364,12 @@ def test_async_on_vllm_servers_needs_a_server_per_worker(tmp_path: Path, monkeyp
 
     with pytest.raises(LeantrainError, match=r"rollout_workers is 2 but rollout.vllm_urls has 1"):
         config(["http://127.0.0.1:1"])
+    # Servers the run places on Ray count as URLs do (their URLs fill vllm_urls at set-up).
+    with pytest.raises(
+        LeantrainError, match=r"rollout_workers is 2 but rollout.vllm_ray_servers is 1"
+    ):
+        config([], placed=1)
+    config([], placed=2)
     cfg = config(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://h:3"])
     # Worker i of n takes URLs i, i + n, ... and a folder of its own: no server is shared,
     # none is left out; the trainer's client is on every server.

@@ -102,6 +102,15 @@ def check_resource(ray: Any, resource: str, setting: str) -> None:
 _BUILT_IN = {"CPU", "GPU", "memory", "object_store_memory", "accelerator_type"}
 
 
+def gpus_each(ray: Any, device: str, resource: str | None) -> int:
+    """1 when each placed actor computes on a GPU (`device: cuda`, or `auto` with a GPU on a
+    node that offers `resource`; None: on any node of the cluster), else 0."""
+    if device != "auto":
+        return int(device == "cuda")
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return int(any(r.get("GPU", 0) > 0 for r in nodes if resource is None or r.get(resource, 0)))
+
+
 def run_group(
     fn: Callable[..., Any],
     args: Sequence[Any],

@@ -60,8 +60,9 @@ It talks to vLLM 0.32's own routes (httpx, imported inside functions, like vllm 
   than `lora.r`, or wrapping other modules than the adapter's. No `load_weights_live`: vLLM
   fixes a request's adapter when it starts, so a version cannot reach a running request.
 
-`launch_server` starts a local server on this machine (127.0.0.1 only) for tests and docs,
-with the flags above (`server_command`, `server_env`), and stops it. The command, on the tiny
+`launch_server` starts a server on this machine (bound to 127.0.0.1 unless told otherwise)
+with the flags above (`server_command`, `server_env`), and stops it: for tests and docs, and on
+each node where Ray places one (distributed/ray_servers.py). The command, on the tiny
 preset's folder (CPU, fp32), as `server_command` writes it:
 
     VLLM_SERVER_DEV_MODE=1 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
@@ -83,6 +84,7 @@ with LoRA, live weights. It knows no tasks, runs or training.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -612,19 +614,27 @@ class LocalServer:
     log: Path
 
     def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the server's whole process group and wait until none of it is left (SIGTERM,
+        then SIGKILL after `timeout_s`)."""
         # The server leads its own process group (start_new_session), so its engine-core child
-        # goes with it, even when the server itself has died. Its pid cannot have been reused:
-        # it is reaped only here, by `wait`.
+        # goes with it, even when the server itself has died. The group's id cannot have been
+        # reused: the server's pid is reaped only here, and while any member of its group
+        # lives the kernel gives that number to no new process.
+        group = self.process.pid
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(group, signal.SIGTERM)
         except ProcessLookupError:  # the whole group is gone already
             self.process.wait()
             return
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        # Until the group is gone, not the server alone: its engine process, orphaned when
+        # the server exits, may still be shutting down then.
+        deadline = time.monotonic() + timeout_s
+        while _group_alive(group) and time.monotonic() < deadline:
+            self.process.poll()  # reaps the server once it exits (a zombie is still a member)
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):  # gone in time
+            os.killpg(group, signal.SIGKILL)
+        self.process.wait()
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -645,10 +655,19 @@ def server_env(lora: bool = False) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def _group_alive(group: int) -> bool:
+    """Whether any process of process group `group` is left."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -656,6 +675,7 @@ def launch_server(
     model: str | Path,
     *,
     port: int | None = None,
+    host: str = "127.0.0.1",
     dtype: str = "float32",
     max_model_len: int | None = None,
     kv_cache_gib: float = 1.0,
@@ -666,8 +686,9 @@ def launch_server(
     lora: LoraConfig | None = None,
     max_loras: int = 1,
 ) -> LocalServer:
-    """Start `vllm serve` on the Hugging Face folder `model`, bound to 127.0.0.1 (`port`; None:
-    a free one), and wait until `/health` answers; a `VLLMServerError` with the server's last
+    """Start `vllm serve` on the Hugging Face folder `model`, bound to `host` (an address of
+    this machine; the default answers this machine only) and `port` (None: a free one), and wait
+    until `/health` answers; a `VLLMServerError` with the server's last
     log lines if it exits or is not up within `timeout_s`. Its output goes to `log` (None: a
     temporary file). The KV cache takes `kv_cache_gib` GiB. `lora` (a peft `LoraConfig`):
     a server for a LoRA policy's adapters (`server_command`)."""
@@ -675,9 +696,9 @@ def launch_server(
 
     if not vllm_available():
         raise LeantrainError(f"launch_server needs the vllm package; {INSTALL_HINT}")
-    port = free_port() if port is None else port
+    port = free_port(host) if port is None else port
     cmd = server_command(
-        model, port=port, dtype=dtype, max_model_len=max_model_len, seed=seed,
+        model, port=port, host=host, dtype=dtype, max_model_len=max_model_len, seed=seed,
         enforce_eager=enforce_eager, lora=lora, max_loras=max_loras,
     )  # fmt: skip
     env = {**os.environ, **server_env(lora is not None)}
@@ -696,7 +717,7 @@ def launch_server(
         process = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    server = LocalServer(f"http://127.0.0.1:{port}", process, log)
+    server = LocalServer(f"http://{f'[{host}]' if ':' in host else host}:{port}", process, log)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -110,7 +110,8 @@ class OrchestratorConfig(Strict):
         None,
         description="Ray cluster address (`auto`: the cluster this node joined with `ray "
         "start`); None starts a local Ray on this machine. Also the cluster of the learner "
-        "group when distributed.ray_learner_resource is set.",
+        "group when distributed.ray_learner_resource is set, and of the vLLM servers of "
+        "rollout.vllm_ray_servers.",
     )
     ray_rollout_resource: str | None = Field(
         None,
@@ -184,9 +185,10 @@ class RolloutConfig(Strict):
         "(tool episodes too), or async or partial on orchestrator.backend: process or ray, one "
         "engine per worker, partial loading new versions between segments; `make vllm` "
         "installs it); the road to real models on GPUs. vllm_server: running `vllm serve` "
-        "servers over HTTP (vllm_urls), weights published to them through vllm_weights_dir "
-        "(what vllm does; with lora.enabled the adapter only, to servers started with LoRA on; "
-        "sync mode, or async or partial (not with LoRA) on any orchestrator.backend, each "
+        "servers over HTTP (vllm_urls, or vllm_ray_servers placed on Ray by the run), weights "
+        "published to them through vllm_weights_dir (what vllm does; with lora.enabled the "
+        "adapter only, to servers started with LoRA on; sync mode, or async or partial (not "
+        "with LoRA) on any orchestrator.backend, each "
         "rollout worker on servers of its own, partial loading new versions into them in the "
         "middle of a batch with /pause and /resume; the servers run apart from the trainer, "
         "on other GPUs or machines).",
@@ -211,21 +213,57 @@ class RolloutConfig(Strict):
         description="vllm_server: longest wait for one HTTP call (a prompt group's generation, "
         "a server's weight load) before the run stops with an error naming the server.",
     )
+    vllm_ray_servers: int = Field(
+        0,
+        ge=0,
+        description="vllm_server: start this many servers on the Ray cluster "
+        "(orchestrator.ray_address; None: a local Ray) when the run starts, and stop them when "
+        "it ends, instead of servers started by hand: one Ray actor each, one GPU each where "
+        "the nodes have GPUs, on the policy's folder (read at the same path on every node: "
+        "one machine or a shared filesystem), their URLs filling vllm_urls. 0: use vllm_urls. "
+        "Sized by vllm_kv_cache_gib, vllm_max_model_len and vllm_enforce_eager.",
+    )
+    vllm_ray_resource: str | None = Field(
+        None,
+        description="vllm_ray_servers: place the servers only on nodes that offer this custom "
+        "Ray resource (`ray start --resources '{\"vllm\": 1}'`; any amount marks a node); "
+        "apart from orchestrator.ray_rollout_resource, whose rollout workers only talk HTTP. "
+        "None: any node. A resource no node offers is refused when the run starts.",
+    )
+    vllm_ray_host: Literal["127.0.0.1", "node"] = Field(
+        "127.0.0.1",
+        description="vllm_ray_servers: the address each server listens on. 127.0.0.1: its own "
+        "machine only, so the servers must land on the run's machine (refused by name "
+        "otherwise). node: the node's address as Ray knows it, which the URL then uses: for "
+        "servers on other machines, on a network trusted with the servers' unauthenticated "
+        "routes.",
+    )
+    vllm_ray_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="vllm_ray_servers: longest wait for the servers' placement, then for their "
+        "start (a tiny model on CPU takes 30-60 s; a large one compiling on GPUs, minutes). A "
+        "placement that does not fit, or a server not up in time, stops the run with an error "
+        "(a server's with its last log lines).",
+    )
     vllm_kv_cache_gib: float = Field(
         1.0,
         gt=0.0,
-        description="vllm: memory for its KV cache, in GiB (on CPU `VLLM_CPU_KVCACHE_SPACE` "
-        "wins when set). Must hold at least one sequence of vllm_max_model_len tokens.",
+        description="vllm, and each server of vllm_ray_servers: memory for its KV cache, in "
+        "GiB (on CPU `VLLM_CPU_KVCACHE_SPACE` wins when set). Must hold at least one sequence "
+        "of vllm_max_model_len tokens.",
     )
     vllm_max_model_len: int | None = Field(
         None,
         ge=16,
-        description="vllm: longest prompt plus response it accepts (None: the model's context "
-        "length). Smaller needs less KV-cache memory per sequence.",
+        description="vllm, and the servers of vllm_ray_servers: longest prompt plus response "
+        "it accepts (None: the model's context length). Smaller needs less KV-cache memory "
+        "per sequence.",
     )
     vllm_enforce_eager: bool = Field(
         True,
-        description="vllm: run without torch.compile and CUDA graphs. Starts in seconds; "
+        description="vllm, and the servers of vllm_ray_servers: run without torch.compile "
+        "and CUDA graphs. Starts in seconds; "
         "compiling is faster per token on GPUs but takes a minute or more at start.",
     )
 
@@ -238,10 +276,22 @@ class RolloutConfig(Strict):
 
     @model_validator(mode="after")
     def _servers_given(self) -> RolloutConfig:
-        if self.backend == "vllm_server" and not self.vllm_urls:
+        if self.vllm_urls and self.vllm_ray_servers:
+            raise ValueError(
+                "vllm_urls and vllm_ray_servers are both set: give the URLs of running servers "
+                "or the number of servers to place on Ray, not both"
+            )
+        if self.vllm_ray_servers and self.backend != "vllm_server":
+            raise ValueError(
+                f"vllm_ray_servers starts servers for backend vllm_server (got {self.backend!r})"
+            )
+        if self.vllm_ray_resource is not None and not self.vllm_ray_servers:
+            raise ValueError("vllm_ray_resource places servers: it needs vllm_ray_servers >= 1")
+        if self.backend == "vllm_server" and not (self.vllm_urls or self.vllm_ray_servers):
             raise ValueError(
                 "vllm_urls is empty: backend vllm_server needs the base URL of at least one "
-                "running vllm serve (e.g. [http://127.0.0.1:8000])"
+                "running vllm serve (e.g. [http://127.0.0.1:8000]), or vllm_ray_servers >= 1 "
+                "to place them on Ray"
             )
         return self
 
@@ -363,14 +413,19 @@ class RLConfig(Strict):
             return self
         # What is not built on vLLM yet (thread workers in-process): rl/rollout.py
         # `refuse_unsupported`.
-        urls, workers = len(self.rollout.vllm_urls), self.orchestrator.rollout_workers
-        if backend == "vllm_server" and self.orchestrator.mode != "sync" and urls < workers:
+        r, workers = self.rollout, self.orchestrator.rollout_workers
+        servers = len(r.vllm_urls) or r.vllm_ray_servers
+        if backend == "vllm_server" and self.orchestrator.mode != "sync" and servers < workers:
             # Each worker publishes its versions into servers of its own (rl/rollout.py).
+            given = (
+                f"rollout.vllm_urls has {servers} URL(s)"
+                if r.vllm_urls
+                else f"rollout.vllm_ray_servers is {servers}"
+            )
             raise ValueError(
-                f"orchestrator.rollout_workers is {workers} but rollout.vllm_urls has {urls} "
-                "URL(s): on vllm_server each async rollout worker needs a server of its own "
-                "(a server holds one policy version at a time); give at least as many URLs as "
-                "workers, or fewer workers"
+                f"orchestrator.rollout_workers is {workers} but {given}: on vllm_server each "
+                "async rollout worker needs a server of its own (a server holds one policy "
+                "version at a time); give at least as many servers as workers, or fewer workers"
             )
         if self.sampling.top_k > 0 or self.sampling.top_p < 1:
             raise ValueError(

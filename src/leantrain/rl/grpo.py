@@ -42,7 +42,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,6 +70,7 @@ from leantrain.rl.packing import token_metrics
 from leantrain.rl.rollout import (
     RolloutSource,
     example_inputs,
+    place_vllm_servers,
     refuse_unsupported,
     rollout_backend,
 )
@@ -81,6 +82,9 @@ from leantrain.tasks.rewards import score_safely
 from leantrain.telemetry import plot_metrics
 from leantrain.training.run_folder import RunFolder
 from leantrain.training.threads import follow_share
+
+if TYPE_CHECKING:  # the annotation only: rl/rollout.py imports the module when it places servers
+    from leantrain.distributed.ray_servers import RayServers
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +111,20 @@ class GRPORun:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         torch.manual_seed(config.seed)
-        self._setup_world()
-        self._setup_model()
-        if self.world.is_main:  # the other ranks only train (`_follow`)
-            self._setup_task()
-        self._setup_learner()
-        if self.world.is_main:
-            self._setup_outputs(resume)
-        elif resume:
-            self._resume(None)  # rank 0 says which checkpoint
+        self.servers: RayServers | None = None  # placed by `_setup_task`, stopped by `close`
+        try:
+            self._setup_world()
+            self._setup_model()
+            if self.world.is_main:  # the other ranks only train (`_follow`)
+                self._setup_task()
+            self._setup_learner()
+            if self.world.is_main:
+                self._setup_outputs(resume)
+            elif resume:
+                self._resume(None)  # rank 0 says which checkpoint
+        except BaseException:
+            self.close()
+            raise
 
     # ----------------------------------------------------------------- setup
     def _setup_world(self) -> None:
@@ -197,6 +206,10 @@ class GRPORun:
             t.eval_size, self.config.seed + _EVAL_SEED_OFFSET
         )
         refuse_unsupported(self.config, self.task, self.test_examples[0])
+        if self.config.rollout.vllm_ray_servers:
+            # Before any backend is built: the trainer's client, and each rollout worker's,
+            # are built from the config that carries the servers' URLs.
+            self.config, self.servers = place_vllm_servers(self.config, self.model, self.tokenizer)
         # Multi-turn tool tasks: rollouts and evaluations are episodes (rl/episodes.py).
         speculator = None if self.long_tail is None else self.long_tail.speculator
         backend = rollout_backend(self.config, self.model, self.tokenizer, self.task, speculator)
@@ -233,12 +246,15 @@ class GRPORun:
         return self.learner.version
 
     def _setup_outputs(self, resume: bool) -> None:
+        params = self.config.model_dump(mode="json")
+        if self.servers is not None:  # as given: the placed servers' URLs end with the run
+            params["rollout"].update(vllm_urls=[], vllm_ray_servers=len(self.servers.servers))
         folder = RunFolder.open(
             self.out,
             resume=resume,
             resumable=True,
             telemetry=self.config.telemetry,
-            params=self.config.model_dump(mode="json"),
+            params=params,
         )
         self.folder = folder
         self.metrics, self.completions = folder.metrics, folder.completions
@@ -274,10 +290,21 @@ class GRPORun:
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
         """Train for `config.steps` steps (from the resumed step); returns the run summary
-        (on rank 0; the other ranks return {})."""
+        (on rank 0; the other ranks return {}). Ends with `close`, also on an error."""
+        try:
+            return self._train() if self.world.is_main else self._follow()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the vLLM servers this run placed on Ray (`rollout.vllm_ray_servers`), if
+        any. Calling it again does nothing; a run driven step by step calls it itself."""
+        if self.servers is not None:
+            self.servers.stop()
+
+    def _train(self) -> dict[str, Any]:
+        """Rank 0's run: evaluate, the loop, evaluate, the summary."""
         cfg = self.config
-        if not self.world.is_main:
-            return self._follow()
         if self.accuracy_before is None:
             self.accuracy_before = self.evaluate()
         orchestrator = Orchestrator(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leantrain.distributed.ray_group import Placed, connect, import_ray, run_group
+from leantrain.distributed.ray_group import Placed, connect, gpus_each, import_ray, run_group
 from leantrain.errors import LeantrainError
 from leantrain.rl.config import RLConfig
 from leantrain.rl.grpo import GRPORun
@@ -52,17 +52,8 @@ def run_learner_group(config: RLConfig, resume: bool = False) -> list[Placed]:
             ranks=d.ray_learner_ranks,
             resource=d.ray_learner_resource,
             timeout_s=d.timeout_s,
-            gpus_per_rank=_gpus_per_rank(ray, config.device, d.ray_learner_resource),
+            gpus_per_rank=gpus_each(ray, config.device, d.ray_learner_resource),
         )
     finally:
         if not connected:
             ray.shutdown()
-
-
-def _gpus_per_rank(ray: Any, device: str, resource: str) -> int:
-    """1 when the ranks train on CUDA (`device: cuda`, or `auto` with a GPU on a node that
-    offers the learner resource), else 0."""
-    if device != "auto":
-        return int(device == "cuda")
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    return int(any(r.get(resource, 0) > 0 and r.get("GPU", 0) > 0 for r in nodes))

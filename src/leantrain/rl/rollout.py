@@ -43,6 +43,7 @@ from leantrain.tasks.config import RewardWeights
 from leantrain.tasks.rewards import score_safely
 
 if TYPE_CHECKING:  # the annotations only: the factories look the classes up when called
+    from leantrain.distributed.ray_servers import RayServers
     from leantrain.generation.vllm_backend import VLLMBackend
     from leantrain.generation.vllm_server import VLLMServerBackend
 
@@ -180,9 +181,8 @@ def rollout_backend(
 def vllm_backend(
     config: RLConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> VLLMBackend:
-    """A `VLLMBackend` on the folder `model` was loaded from (or, for a model made in memory,
-    on a copy saved under the run folder). Its weights match `model`'s at set-up; the run
-    publishes each version after that (rl/orchestrator.py)."""
+    """A `VLLMBackend` on `model`'s folder (`policy_folder`). Its weights match `model`'s at
+    set-up; the run publishes each version after that (rl/orchestrator.py)."""
     from leantrain.generation.vllm_backend import INSTALL_HINT, VLLMBackend, vllm_available
 
     if not vllm_available():
@@ -191,31 +191,11 @@ def vllm_backend(
             f"environment: run `make vllm` ({INSTALL_HINT})"
         )
     lora = config.lora
-    folder = Path(str(model.name_or_path))
-    if not (folder / "config.json").is_file():
-        folder = Path(config.out) / "vllm-policy"
-        # Written aside and renamed into place: the trainer and async rollout workers (spawned
-        # processes) all come here; the first rename wins and the others use its folder (the
-        # weights in it are the set-up's: every engine gets each published version anyway).
-        # A folder of another model (an earlier run in this folder) is replaced.
-        Path(config.out).mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".vllm-policy-", dir=config.out))
-        # Under an adapter, vLLM loads the base weights under their own names.
-        state = split_adapter(model.state_dict())[0] if lora.enabled else None
-        model.save_pretrained(staging, state_dict=state)
-        tokenizer.save_pretrained(staging)
-        same = _same_file(folder / "config.json", staging / "config.json")
-        if folder.exists() and not same:
-            shutil.rmtree(folder, ignore_errors=True)
-        try:
-            staging.rename(folder)
-        except OSError:  # already there, written by another process of this run
-            shutil.rmtree(staging, ignore_errors=True)
     cuda = next(model.parameters()).device.type == "cuda"
     dtype = config.model.dtype if config.model.dtype != "auto" else ("auto" if cuda else "float32")
     r = config.rollout
     return VLLMBackend(
-        folder,
+        policy_folder(config, model, tokenizer),
         lora=lora_config(lora, lora.targets) if lora.enabled else None,
         adapter_dir=Path(config.out) / "vllm-adapters",
         dtype=dtype,
@@ -225,6 +205,69 @@ def vllm_backend(
         enforce_eager=r.vllm_enforce_eager,
         seed=config.seed,
     )
+
+
+def policy_folder(
+    config: RLConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> Path:
+    """The Hugging Face folder vLLM starts on: the one `model` was loaded from, or, for a
+    model made in memory, a copy saved as `vllm-policy/` in the run folder (the base weights
+    under a LoRA adapter). vLLM needs the architecture and tokenizer from it; the run publishes
+    each version's weights after that."""
+    folder = Path(str(model.name_or_path))
+    if (folder / "config.json").is_file():
+        return folder
+    folder = Path(config.out) / "vllm-policy"
+    # Written aside and renamed into place: the trainer and async rollout workers (spawned
+    # processes) all come here; the first rename wins and the others use its folder (the
+    # weights in it are the set-up's: every engine gets each published version anyway).
+    # A folder of another model (an earlier run in this folder) is replaced.
+    Path(config.out).mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".vllm-policy-", dir=config.out))
+    # Under an adapter, vLLM loads the base weights under their own names.
+    state = split_adapter(model.state_dict())[0] if config.lora.enabled else None
+    model.save_pretrained(staging, state_dict=state)
+    tokenizer.save_pretrained(staging)
+    same = _same_file(folder / "config.json", staging / "config.json")
+    if folder.exists() and not same:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        staging.rename(folder)
+    except OSError:  # already there, written by another process of this run
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def place_vllm_servers(
+    config: RLConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[RLConfig, RayServers]:
+    """Start the `rollout.vllm_ray_servers` servers on the Ray cluster
+    (distributed/ray_servers.py) on `model`'s folder (`policy_folder`), with the rollout's
+    vLLM settings; returns the run's config with their URLs as `rollout.vllm_urls` (and
+    `vllm_ray_servers` 0: from there on they are servers like any given ones, so the trainer's
+    client and every worker's, built from that config, talk to them), and the servers, which
+    the caller stops. Their logs: `vllm-servers/` in the run folder, on each server's node."""
+    from leantrain.distributed.ray_servers import place_servers
+
+    r = config.rollout
+    out = Path(config.out).resolve()  # read on other nodes too: not relative to this process
+    servers = place_servers(
+        policy_folder(config, model, tokenizer).resolve(),
+        count=r.vllm_ray_servers,
+        resource=r.vllm_ray_resource,
+        host=r.vllm_ray_host,
+        timeout_s=r.vllm_ray_timeout_s,
+        log_dir=out / "vllm-servers",
+        address=config.orchestrator.ray_address,
+        dtype=config.model.dtype,
+        max_model_len=r.vllm_max_model_len,
+        kv_cache_gib=r.vllm_kv_cache_gib,
+        enforce_eager=r.vllm_enforce_eager,
+        seed=config.seed,
+        lora=lora_config(config.lora, config.lora.targets) if config.lora.enabled else None,
+    )
+    rollout = r.model_copy(update={"vllm_urls": servers.urls, "vllm_ray_servers": 0})
+    return config.model_copy(update={"rollout": rollout}), servers
 
 
 def vllm_server_backend(
