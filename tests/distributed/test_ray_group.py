@@ -6,7 +6,6 @@ named error at once, never a pending group."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from leantrain.rl.config import RLConfig
 
 pytestmark = [
     pytest.mark.slow,  # two raylets and an actor per rank: ~10 s before any test runs
-    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray"),
+    pytest.mark.usefixtures("ray_installed"),  # fails in CI where Ray is missing
 ]
 
 

