@@ -43,7 +43,7 @@ $(VLLM_STAMP): $(STAMP)
 # tiny-vl) run in `make check-presets` instead.
 test: $(STAMP) $(VLLM_STAMP) browser
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 -m "not rebuild" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -m "not rebuild" $(PYTEST_ARGS)
 
 # The docs site from docs/ into site/ (material theme, API reference from the docstrings).
 docs: $(STAMP)

@@ -29,6 +29,10 @@ KEYS = {
     "ranks",
     "dist_backend",
     "max_abs_diff_ranks",
+    "server_weight_transfer",
+    "server_weight_sync_s",
+    "server_logprob_max_abs_gap",
+    "server_logprob_gap_to_old",
     "config",
 }
 
@@ -64,6 +68,11 @@ def test_the_cpu_smoke_run_writes_every_key(tmp_path: Path, vllm_installed: None
     assert report["allreduce_ok"] is True
     # FSDP over 2 ranks vs 1 process, fp32: float sum order only (3.7e-9 when written).
     assert report["max_abs_diff_ranks"] < 1e-5
+    # Server mode on CPU publishes files: the server samples from the new weights (bf16 against
+    # the trainer's fp32 forward), far from the old ones.
+    assert report["server_weight_transfer"] == "files" and report["server_weight_sync_s"] > 0
+    assert report["server_logprob_max_abs_gap"] < 0.1
+    assert report["server_logprob_gap_to_old"] > 10 * report["server_logprob_max_abs_gap"]
     assert report["config"]["quick"] is True
 
 

@@ -18,6 +18,9 @@ from leantrain.rl.config import RLConfig
 pytestmark = [
     pytest.mark.slow,  # two raylets and an actor per rank: ~10 s before any test runs
     pytest.mark.usefixtures("ray_installed"),  # fails in CI where Ray is missing
+    # One pytest worker runs every test that starts a Ray cluster and a vLLM server (`make
+    # test`: --dist loadgroup): side by side on 2 cores, actors took over 60 s to start.
+    pytest.mark.xdist_group("ray-cluster"),
 ]
 
 

@@ -23,7 +23,10 @@ import pytest
 from leantrain.errors import LeantrainError
 from leantrain.rl.config import RLConfig, RolloutConfig
 
-pytestmark = pytest.mark.slow  # each test starts a vllm serve: 25-40 s on 2 cores
+pytestmark = [
+    pytest.mark.slow,  # each test starts a vllm serve: 25-40 s on 2 cores
+    pytest.mark.xdist_group("ray-cluster"),  # beside test_ray_group.py's cluster: see there
+]
 
 
 def _gone(pid: int, timeout_s: float) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from leantrain.generation import Engine, SamplingParams
 from leantrain.models import load_model
 from leantrain.training.logprobs import token_logprobs
 
@@ -44,3 +45,19 @@ def _trainer_logprobs(
 @pytest.fixture(scope="session")
 def trainer_logprobs() -> Callable[..., torch.Tensor]:
     return _trainer_logprobs
+
+
+def _assert_serves_the_trained_policy(backend, run, prompt_texts: list[str], version: int) -> None:
+    """After a GRPO `run` on `backend`, the backend holds the trained weights: its greedy
+    output is the trainer model's own (the native engine on it), every token of `version`."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=32)
+    prompts = [run.tokenizer.encode(t) for t in prompt_texts]
+    expected = Engine(run.model, run.tokenizer).generate(prompts, params)
+    got = backend.generate(prompts, params)
+    assert [c.response_ids for c in got] == [c.response_ids for c in expected]
+    assert {v for c in got for v in c.versions} == {version}
+
+
+@pytest.fixture(scope="session")
+def assert_serves_the_trained_policy() -> Callable[..., None]:
+    return _assert_serves_the_trained_policy

@@ -370,7 +370,7 @@ def test_greedy_tool_episodes_on_a_server_equal_the_native_engines(backend, poli
 
 
 def test_two_grpo_steps_on_a_vllm_server_train_on_policy(
-    small_rl_config: RLConfig, server, prompt_texts
+    small_rl_config: RLConfig, server, prompt_texts, assert_serves_the_trained_policy
 ) -> None:
     from leantrain.rl.grpo import GRPORun
 
@@ -393,9 +393,45 @@ def test_two_grpo_steps_on_a_vllm_server_train_on_policy(
         assert r["ratio_mean"] == pytest.approx(1.0, abs=1e-3) and r["clip_fraction"] == 0
     print(f"GRPO on vllm serve, weight_sync_s per step: {[r['weight_sync_s'] for r in records]}")
     # After the run the server holds the trained weights: its greedy output is the trainer's.
-    params = SamplingParams(temperature=0.0, max_new_tokens=32)
-    prompts = [run.tokenizer.encode(t) for t in prompt_texts]
-    expected = Engine(run.model, run.tokenizer).generate(prompts, params)
-    got = backend.generate(prompts, params)
-    assert [c.response_ids for c in got] == [c.response_ids for c in expected]
-    assert {v for c in got for v in c.versions} == {2}
+    assert_serves_the_trained_policy(backend, run, prompt_texts, version=2)
+
+
+def test_gpu_weight_transfers_are_set_up_only_where_they_can_run(
+    small_rl_config: RLConfig, backend, server, tmp_path
+) -> None:
+    """`rollout.vllm_weight_transfer: nccl | ipc` (vLLM's engines; GPUs only, so the transfer
+    itself runs in benchmarks/gpu_check.py, not here): the launch flag and environment the
+    servers need, the refusals by field (not on CPU, not with LoRA, not off server mode; IPC
+    only on 127.0.0.1), and a server started without the flag refused by name, read from its
+    own settings."""
+    from leantrain.generation import vllm_server
+    from leantrain.generation.vllm_server import VLLMServerBackend, VLLMServerError
+
+    for transfer in ("nccl", "ipc"):
+        flag = ["--weight-transfer-config", f'{{"backend": "{transfer}"}}']
+        cmd = vllm_server.server_command("m", port=1, weight_transfer=transfer)
+        assert cmd[cmd.index(flag[0]) : cmd.index(flag[0]) + 2] == flag
+        with pytest.raises(LeantrainError, match=rf"vllm_weight_transfer: {transfer} needs CUDA"):
+            VLLMServerBackend([server.url], weights_dir=tmp_path, weight_transfer=transfer)
+        # This server runs without the engine: its settings say so, and set-up refuses it.
+        with pytest.raises(VLLMServerError, match=rf"without {transfer} .*backend is None"):
+            backend._transfer_workers(server.url, transfer)
+    assert "--weight-transfer-config" not in vllm_server.server_command("m", port=1)
+    assert vllm_server.server_env(weight_transfer="ipc")["VLLM_ALLOW_INSECURE_SERIALIZATION"]
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in vllm_server.server_env()
+    with pytest.raises(LeantrainError, match=r"ipc: the server unpickles .* 127\.0\.0\.1 only"):
+        vllm_server.launch_server(tmp_path, host="0.0.0.0", weight_transfer="ipc")
+    with pytest.raises(LeantrainError, match=r"vllm_weight_transfer: 'disk' is not one of"):
+        VLLMServerBackend([server.url], weights_dir=tmp_path, weight_transfer="disk")
+    with pytest.raises(LeantrainError, match=r"vllm_weight_transfer: nccl sends weights to"):
+        RolloutConfig(vllm_weight_transfer="nccl")
+    data = small_rl_config.model_dump()
+    data["rollout"].update(
+        backend="vllm_server", vllm_urls=[server.url], vllm_weight_transfer="nccl"
+    )
+    RLConfig(**data)
+    data["lora"]["enabled"] = True
+    with pytest.raises(LeantrainError, match=r"lora\.enabled with rollout\.vllm_weight_transfer"):
+        RLConfig(**data)
+    # The servers' workers reach the trainer's end of an NCCL group on the route to their host.
+    assert vllm_server.address_towards(server.url) == "127.0.0.1"

@@ -187,7 +187,7 @@ def _records(out: Path) -> list[dict]:
 
 
 def test_two_lora_grpo_steps_on_a_vllm_server_train_on_policy(
-    small_rl_config: RLConfig, lora_server, prompt_texts
+    small_rl_config: RLConfig, lora_server, prompt_texts, assert_serves_the_trained_policy
 ) -> None:
     from leantrain.rl.grpo import GRPORun
 
@@ -217,12 +217,7 @@ def test_two_lora_grpo_steps_on_a_vllm_server_train_on_policy(
         for n, p in run.model.named_parameters()
         if ".lora_B." in n
     )
-    params = SamplingParams(temperature=0.0, max_new_tokens=32)
-    prompts = [run.tokenizer.encode(t) for t in prompt_texts]
-    expected = Engine(run.model, run.tokenizer).generate(prompts, params)
-    got = backend.generate(prompts, params)
-    assert [c.response_ids for c in got] == [c.response_ids for c in expected]
-    assert {v for c in got for v in c.versions} == {2}
+    assert_serves_the_trained_policy(backend, run, prompt_texts, version=2)
 
 
 def test_async_lora_grpo_on_a_vllm_server_keeps_each_batch_on_one_version(

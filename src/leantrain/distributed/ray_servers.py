@@ -197,6 +197,7 @@ def place_servers(
     enforce_eager: bool = True,
     seed: int = 0,
     lora: LoraConfig | None = None,
+    weight_transfer: str = "files",
 ) -> RayServers:
     """Start `count` vLLM servers on the Hugging Face folder `model`, one Ray actor each, on
     nodes offering `resource` (None: any node), bound to `host` ("127.0.0.1", or "node": the
@@ -205,10 +206,11 @@ def place_servers(
     Connects to the Ray cluster at `address` (None: a new local Ray) unless connected already.
     `timeout_s` bounds the placement and then the servers' start; `dtype` "auto" is vLLM's
     choice on GPUs and float32 on CPU; server i writes its output to `log_dir/server-i.log` on
-    its node. `lora` (a peft `LoraConfig`): servers for a LoRA policy's adapters
-    (`launch_server`). A server that fails to start, a placement that does not fit and a resource no
-    node offers raise a `LeantrainError` naming the setting (a failed server's with its last
-    log lines); nothing placed is left running then.
+    its node. `lora` (a peft `LoraConfig`): servers for a LoRA policy's adapters;
+    `weight_transfer` "nccl": servers that take weights over NCCL (`launch_server`). A server
+    that fails to start, a placement that does not fit and a resource no node offers raise a
+    `LeantrainError` naming the setting (a failed server's with its last log lines); nothing
+    placed is left running then.
     """
     ray = import_ray("rollout.vllm_ray_servers")
     from ray.util.placement_group import placement_group
@@ -255,6 +257,7 @@ def place_servers(
             "seed": seed,
             "timeout_s": timeout_s,
             # peft's config as JSON (its target-module set as a sorted list), rebuilt by `_guard`.
+            "weight_transfer": weight_transfer,
             "lora": None
             if lora is None
             else json.loads(json.dumps(lora.to_dict(), default=sorted)),
@@ -342,6 +345,7 @@ def _guard(spec: dict[str, Any]) -> None:
             timeout_s=spec["timeout_s"],
             log=log,
             lora=None if spec["lora"] is None else _lora_config(spec["lora"]),
+            weight_transfer=spec["weight_transfer"],
         )
     except LeantrainError as e:
         print(json.dumps({"error": str(e)}), flush=True)

@@ -85,6 +85,8 @@ with LoRA, live weights. It knows no tasks, runs or training.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
 import os
 import secrets
 import shutil
@@ -94,7 +96,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +125,11 @@ if TYPE_CHECKING:  # the annotations only: httpx and peft are imported where the
     from peft import LoraConfig
 
 GENERATE = "/inference/v1/generate"
+# How a version's weights reach the servers: a folder they read (any device), or vLLM's
+# weight-transfer engines on GPUs: NCCL (a broadcast from the trainer's GPU into servers on
+# other GPUs) or CUDA IPC (servers on the trainer's own GPU map its tensors).
+WEIGHT_TRANSFERS = ("files", "nccl", "ipc")
+GPU_TRANSFERS = ("nccl", "ipc")
 LORA_HINT = (
     "a LoRA policy (lora.enabled) needs a server started with --enable-lora --max-lora-rank R "
     "--max-loras K and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment (its adapter "
@@ -196,7 +203,23 @@ class VLLMServerBackend:
         connect_timeout_s: float = 10.0,
         max_concurrency: int = 64,
         lora: LoraConfig | None = None,
+        weight_transfer: str = "files",
     ) -> None:
+        if weight_transfer not in WEIGHT_TRANSFERS:
+            raise LeantrainError(
+                f"rollout.vllm_weight_transfer: {weight_transfer!r} is not one of "
+                f"{', '.join(WEIGHT_TRANSFERS)}"
+            )
+        if weight_transfer in GPU_TRANSFERS and lora is not None:
+            raise LeantrainError(
+                f"rollout.vllm_weight_transfer: {weight_transfer} sends whole weights; a LoRA "
+                "policy (lora.enabled) publishes its adapter as files: use files"
+            )
+        if weight_transfer in GPU_TRANSFERS and not torch.cuda.is_available():
+            raise LeantrainError(
+                f"rollout.vllm_weight_transfer: {weight_transfer} needs CUDA on the trainer "
+                "(vLLM's engine sends from the trainer's GPU); on CPU use files"
+            )
         try:
             import httpx
         except ImportError as e:
@@ -226,9 +249,16 @@ class VLLMServerBackend:
             # version cannot reach a running request: no weights in the middle of a batch.
             self.capabilities = Capabilities(separate_weights=True)
             self._lora_flags = lora_engine_args(lora)  # what each server must be started with
+        self.weight_transfer = weight_transfer
         lengths = self._on_every_server(lambda url: self._check(url, connect_timeout_s))
         self.max_model_len: int = min(lengths)
         self._on_every_server(lambda url: self._label(url, self.version))
+        # vLLM's transfer engines, set up with every server now (NCCL: each server's workers
+        # wait in the rendezvous until the trainer's end of the group opens).
+        self._gpu = None
+        if weight_transfer in GPU_TRANSFERS:
+            workers = [self._transfer_workers(url, weight_transfer) for url in self.urls]
+            self._gpu = GPUWeightSender(self.urls, weight_transfer, workers, timeout_s)
 
     # ---------------------------------------------------------------- HTTP
     def _request(
@@ -322,6 +352,31 @@ class VLLMServerBackend:
                 + " ".join(want["lora_target_modules"])
             )
 
+    def _transfer_workers(self, url: str, transfer: str) -> int:
+        """The number of workers `url` runs (tensor x pipeline x data parallel: with NCCL, each
+        a rank of its transfer group); refuse a server not started for `transfer`, or, for
+        IPC, not on this machine."""
+        if transfer == "ipc" and not ipaddress.ip_address(address_towards(url)).is_loopback:
+            raise VLLMServerError(
+                f"{url}: rollout.vllm_weight_transfer: ipc maps the trainer's GPU memory, so "
+                "the server must run on this machine (a loopback URL); use nccl or files"
+            )
+        config = self._call("GET", url, "/server_info?config_format=json")["vllm_config"]
+        served = (config.get("weight_transfer_config") or {}).get("backend")
+        if served != transfer:
+            raise VLLMServerError(
+                f"{url} was started without {transfer} weight transfer (its "
+                f"weight_transfer_config backend is {served!r}); start it as "
+                f'server_command(weight_transfer="{transfer}") does, or use '
+                "rollout.vllm_weight_transfer: files"
+            )
+        p = config["parallel_config"]
+        return (
+            int(p["tensor_parallel_size"])
+            * int(p["pipeline_parallel_size"])
+            * int(p["data_parallel_size"])
+        )
+
     def _label(self, url: str, version: int) -> None:
         """Label `url`'s weights `version` (vLLM's weight-version tracking)."""
         self._call("POST", url, "/update_weight_version", {"new_version": str(version)})
@@ -406,10 +461,7 @@ class VLLMServerBackend:
 
     def _publish(self, weights: Mapping[str, torch.Tensor], version: int, live: bool) -> None:
         t0 = time.perf_counter()
-        folder = self._write(weights, version)
-        # Live, the reset preempts the running requests: without it, it fails while they hold
-        # KV blocks, and they would decode on over the old weights' KV.
-        reset = "/reset_prefix_cache" + ("?reset_running_requests=true" if live else "")
+        folder = self._write(weights, version) if self._gpu is None else None
 
         def reload(url: str) -> None:
             self._call(
@@ -418,27 +470,40 @@ class VLLMServerBackend:
                 "/collective_rpc",
                 {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
             )
-            if not self._call("POST", url, reset)["success"]:
-                raise VLLMServerError(
-                    f"{url}/reset_prefix_cache failed: KV blocks are still held by running "
-                    "requests (another client of this server?); the old weights' cached "
-                    "prefixes would be reused"
-                )
+
+        def relabel(url: str) -> None:
+            self._reset_prefix_cache(url, running=live)
             self._label(url, version)
 
-        def paused(url: str) -> None:
-            self._call("POST", url, "/pause?mode=keep")
-            try:
-                reload(url)
-            finally:  # a server left paused would hold every request forever
-                self._call("POST", url, "/resume")
-
-        self._on_every_server(paused if live else reload)
-        old, self._folder = self._folder, folder
-        if old is not None and old != folder:
-            shutil.rmtree(old, ignore_errors=True)
+        if live:  # every server stops scheduling, its running requests kept
+            self._on_every_server(lambda url: self._call("POST", url, "/pause?mode=keep"))
+        try:
+            if self._gpu is not None:
+                self._gpu.send(weights)
+            else:
+                self._on_every_server(reload)
+            self._on_every_server(relabel)
+        finally:  # a server left paused would hold every request forever
+            if live:
+                self._on_every_server(lambda url: self._call("POST", url, "/resume"))
+        if folder is not None:
+            old, self._folder = self._folder, folder
+            if old is not None and old != folder:
+                shutil.rmtree(old, ignore_errors=True)
         self.version = version
         self.sync_seconds.append(time.perf_counter() - t0)
+
+    def _reset_prefix_cache(self, url: str, running: bool = False) -> None:
+        """Drop every KV block the old weights computed. `running`: also the running requests'
+        (they are preempted and recompute theirs on resume); without it the reset fails while
+        they hold blocks, and they would decode on over the old weights' KV."""
+        route = "/reset_prefix_cache" + ("?reset_running_requests=true" if running else "")
+        if not self._call("POST", url, route)["success"]:
+            raise VLLMServerError(
+                f"{url}/reset_prefix_cache failed: KV blocks are still held by running "
+                "requests (another client of this server?); the old weights' cached "
+                "prefixes would be reused"
+            )
 
     def _publish_adapter(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Publish the adapter of `weights` as `version`: write it as peft does into
@@ -465,11 +530,7 @@ class VLLMServerBackend:
                 self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": other})
             # The prefix cache keys a block by adapter name and path, which a republished
             # version keeps: its blocks of the old files must go.
-            if not self._call("POST", url, "/reset_prefix_cache")["success"]:
-                raise VLLMServerError(
-                    f"{url}/reset_prefix_cache failed: KV blocks are still held by running "
-                    "requests (another client of this server?)"
-                )
+            self._reset_prefix_cache(url)
             self._label(url, version)
 
         self._on_every_server(swap)
@@ -517,8 +578,103 @@ class VLLMServerBackend:
         return folder
 
     def close(self) -> None:
-        """Close the HTTP connections (the servers keep running)."""
+        """Close the HTTP connections and transfer engines (the servers keep running)."""
+        if self._gpu is not None:
+            self._gpu.close()
         self._client.close()
+
+
+class GPUWeightSender:
+    """The trainer's end of vLLM's weight-transfer engines (`vllm.distributed.weight_transfer`:
+    its own trainer engines and HTTP client), one engine per server, rank 0 the sender:
+
+    - `nccl`: a transfer group per server, the trainer rank 0 and the server's workers ranks
+      1.., met over a TCP rendezvous at this machine's address towards the server; each
+      version is broadcast from this GPU (`update_weights` runs beside the broadcast). The
+      server must be on other GPUs: NCCL refuses two ranks on one device.
+    - `ipc`: the server maps this GPU's tensors through CUDA IPC handles sent over HTTP
+      (pickled: the server runs with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, on this machine,
+      bound to 127.0.0.1); for a server sharing the trainer's GPU.
+
+    Either way vLLM's `start_weight_update`, the transfer, `finish_weight_update` (the model's
+    own `load_weights`, layer by layer). The servers run with `--weight-transfer-config
+    '{"backend": "nccl" | "ipc"}'` (`server_command`). GPUs only: it has not run on this
+    project's CPU machines (benchmarks/gpu_check.py checks it on a GPU)."""
+
+    def __init__(
+        self, urls: Sequence[str], transfer: str, workers: Sequence[int], timeout_s: float
+    ) -> None:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.ipc_engine import (
+            IPCTrainerInitInfo,
+            IPCTrainerWeightTransferEngine,
+        )
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        class StateSource(WeightSource):
+            """The state dict being sent (`send` sets it): its names, dtypes and shapes, then
+            its tensors, in one order."""
+
+            def __init__(self) -> None:
+                self.weights: Mapping[str, torch.Tensor] = {}
+
+            def metadata(self) -> list[ParamMeta]:
+                return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.weights.items()]
+
+            def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+                return iter(self.weights.items())
+
+        self.source = StateSource()
+        self.engines = []
+        for url, world in zip(urls, workers, strict=True):
+            client = HTTPVLLMWeightSyncClient(url, timeout=timeout_s)
+            if transfer == "nccl":
+                address = address_towards(url)
+                info = NCCLTrainerInitInfo(
+                    master_address=address,
+                    master_port=free_port(address),
+                    world_size=1 + world,
+                    rank=0,  # the sender: this process publishes for the whole run
+                )
+                engine = NCCLTrainerWeightTransferEngine.trainer_init(
+                    info, client=client, source=self.source
+                )
+            else:
+                engine = IPCTrainerWeightTransferEngine.trainer_init(
+                    IPCTrainerInitInfo(rank=0), client=client, source=self.source
+                )
+            self.engines.append(engine)
+
+    def send(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Send `weights` (by Hugging Face name, copied to this GPU) into every server, one
+        after the other."""
+        self.source.weights = {
+            k: v.detach().to("cuda", non_blocking=True).contiguous() for k, v in weights.items()
+        }
+        try:
+            for engine in self.engines:
+                engine.send_weights()
+        finally:
+            self.source.weights = {}  # the GPU copies go with the call
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
+
+
+def address_towards(url: str) -> str:
+    """This machine's address on the route to `url`'s host (its loopback for a server on
+    this machine): where the server's workers reach the trainer's end of a transfer group.
+    No packet is sent (a UDP socket's connect only picks the route)."""
+    parts = urlsplit(url)
+    family = socket.AF_INET6 if ":" in (parts.hostname or "") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((parts.hostname, parts.port or 80))
+        return s.getsockname()[0]
 
 
 def _groups(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -566,6 +722,7 @@ def server_command(
     enforce_eager: bool = True,
     lora: LoraConfig | None = None,
     max_loras: int = 1,
+    weight_transfer: str = "files",
 ) -> list[str]:
     """The command that starts a `vllm serve` this backend can use (run it with
     `VLLM_SERVER_DEV_MODE=1` in the environment, and with `lora` also
@@ -595,6 +752,8 @@ def server_command(
         cmd += ["--max-loras", str(args["max_loras"])]
         if "lora_target_modules" in args:
             cmd += ["--lora-target-modules", *args["lora_target_modules"]]
+    if weight_transfer in GPU_TRANSFERS:  # vLLM's transfer engine in every worker
+        cmd += ["--weight-transfer-config", json.dumps({"backend": weight_transfer})]
     if enforce_eager:
         cmd.append("--enforce-eager")
     if not torch.cuda.is_available():
@@ -646,12 +805,16 @@ class LocalServer:
         self.close()
 
 
-def server_env(lora: bool = False) -> dict[str, str]:
+def server_env(lora: bool = False, weight_transfer: str = "files") -> dict[str, str]:
     """The environment variables a server this backend uses needs: the dev-mode weight routes,
-    and for a LoRA policy the runtime adapter routes (`/v1/load_lora_adapter`)."""
+    for a LoRA policy the runtime adapter routes (`/v1/load_lora_adapter`), and for IPC weight
+    transfer the unpickling of the CUDA IPC handles the trainer sends over HTTP (so only on a
+    server bound to 127.0.0.1: `launch_server` refuses another host then)."""
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if weight_transfer == "ipc":
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return env
 
 
@@ -685,13 +848,15 @@ def launch_server(
     log: str | Path | None = None,
     lora: LoraConfig | None = None,
     max_loras: int = 1,
+    weight_transfer: str = "files",
 ) -> LocalServer:
     """Start `vllm serve` on the Hugging Face folder `model`, bound to `host` (an address of
     this machine; the default answers this machine only) and `port` (None: a free one), and wait
     until `/health` answers; a `VLLMServerError` with the server's last
     log lines if it exits or is not up within `timeout_s`. Its output goes to `log` (None: a
     temporary file). The KV cache takes `kv_cache_gib` GiB. `lora` (a peft `LoraConfig`):
-    a server for a LoRA policy's adapters (`server_command`)."""
+    a server for a LoRA policy's adapters; `weight_transfer` "nccl": one that takes weights
+    over NCCL (`server_command`)."""
     import httpx
 
     if not vllm_available():
@@ -700,8 +865,14 @@ def launch_server(
     cmd = server_command(
         model, port=port, host=host, dtype=dtype, max_model_len=max_model_len, seed=seed,
         enforce_eager=enforce_eager, lora=lora, max_loras=max_loras,
+        weight_transfer=weight_transfer,
     )  # fmt: skip
-    env = {**os.environ, **server_env(lora is not None)}
+    if weight_transfer == "ipc" and host != "127.0.0.1":
+        raise LeantrainError(
+            "weight_transfer ipc: the server unpickles what it is sent, so it binds 127.0.0.1 "
+            f"only (got host {host!r}); IPC needs the trainer's machine anyway"
+        )
+    env = {**os.environ, **server_env(lora is not None, weight_transfer)}
     if torch.cuda.is_available():
         cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
     else:  # the CPU platform sizes its KV cache from this variable

@@ -213,6 +213,17 @@ class RolloutConfig(Strict):
         description="vllm_server: longest wait for one HTTP call (a prompt group's generation, "
         "a server's weight load) before the run stops with an error naming the server.",
     )
+    vllm_weight_transfer: Literal["files", "nccl", "ipc"] = Field(
+        "files",
+        description="vllm_server: how each version's weights reach the servers. files: "
+        "written to vllm_weights_dir, which the servers reload (any device, any machine that "
+        "reads the folder; a LoRA adapter always goes this way). nccl: vLLM's NCCL "
+        "weight-transfer engine broadcasts them from the trainer's GPU into servers on other "
+        "GPUs, no disk. ipc: servers on the trainer's own GPU map its tensors (CUDA IPC), on "
+        "this machine only. nccl and ipc: CUDA only, not with lora.enabled, the servers "
+        "started with --weight-transfer-config (as vllm_ray_servers start them); not yet run "
+        "on a GPU by this project.",
+    )
     vllm_ray_servers: int = Field(
         0,
         ge=0,
@@ -284,6 +295,11 @@ class RolloutConfig(Strict):
         if self.vllm_ray_servers and self.backend != "vllm_server":
             raise ValueError(
                 f"vllm_ray_servers starts servers for backend vllm_server (got {self.backend!r})"
+            )
+        if self.vllm_weight_transfer != "files" and self.backend != "vllm_server":
+            raise ValueError(
+                f"vllm_weight_transfer: {self.vllm_weight_transfer} sends weights to servers: "
+                f"it needs backend vllm_server (got {self.backend!r})"
             )
         if self.vllm_ray_resource is not None and not self.vllm_ray_servers:
             raise ValueError("vllm_ray_resource places servers: it needs vllm_ray_servers >= 1")
@@ -385,6 +401,13 @@ class RLConfig(Strict):
     @model_validator(mode="after")
     def _lora_in_sync_mode(self) -> RLConfig:
         mode = self.orchestrator.mode
+        transfer = self.rollout.vllm_weight_transfer
+        if self.lora.enabled and transfer != "files":
+            raise ValueError(
+                f"lora.enabled with rollout.vllm_weight_transfer: {transfer}: a LoRA policy "
+                "publishes its adapter as files (vLLM loads adapters from disk); use "
+                "vllm_weight_transfer: files"
+            )
         if not self.lora.enabled or mode == "sync":
             return self
         if self.rollout.backend == "vllm_server":

@@ -265,6 +265,7 @@ def place_vllm_servers(
         enforce_eager=r.vllm_enforce_eager,
         seed=config.seed,
         lora=lora_config(config.lora, config.lora.targets) if config.lora.enabled else None,
+        weight_transfer=r.vllm_weight_transfer,
     )
     rollout = r.model_copy(update={"vllm_urls": servers.urls, "vllm_ray_servers": 0})
     return config.model_copy(update={"rollout": rollout}), servers
@@ -301,6 +302,7 @@ def vllm_server_backend(
         timeout_s=r.vllm_timeout_s,
         # With an adapter, each version publishes the adapter only, as `vllm_backend`'s engine.
         lora=lora_config(lora, lora.targets) if lora.enabled else None,
+        weight_transfer=r.vllm_weight_transfer,
     )
     if worker is None:
         backend.load_weights(weights_snapshot(model), 0)
