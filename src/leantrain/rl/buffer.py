@@ -73,16 +73,19 @@ class WeightStore:
         self._versions: list[Published] = []
         self._cond = threading.Condition()
 
-    def publish(self, step: int, version: int, payload: Any) -> None:
-        """Make `payload` the newest version; versions older than the newest `keep` are freed."""
+    def publish(self, step: int, version: int, payload: Any) -> Published:
+        """Make `payload` the newest version (returned); versions older than the newest `keep`
+        are freed."""
+        published = Published(step, version, payload)
         with self._cond:
             if self._versions and step <= self._versions[-1].step:
                 raise ValueError(
                     f"published step {step} after step {self._versions[-1].step}: "
                     "steps must increase"
                 )
-            self._versions = [*self._versions, Published(step, version, payload)][-self.keep :]
+            self._versions = [*self._versions, published][-self.keep :]
             self._cond.notify_all()
+        return published
 
     def newest(self) -> Published | None:
         """The newest version, or None before the first publish."""

@@ -421,9 +421,9 @@ class Orchestrator:
         payload = self.pool.publish(weights) if self.pool.workers else None
         if separate:
             self.source.backend.load_weights(weights, self.learner.version)
-        self.store.publish(self.learner.steps, self.learner.version, payload)
+        published = self.store.publish(self.learner.steps, self.learner.version, payload)
         if self.pool.workers and self.cfg.mode == "partial":
-            self.pool.offer(Published(self.learner.steps, self.learner.version, payload))
+            self.pool.offer(published)
         return time.perf_counter() - t0
 
     def _doing(self, what: str, busy: bool, span: str, **attrs: Any) -> None:
