@@ -5,9 +5,10 @@ One pair of processes runs every case (start-up is most of the cost): each rank 
 data-parallel hooks), runs 2 steps of `SFTRun` on the tiny model, and rank 0 saves its evaluation
 copy's weights (the trained ones, gathered) and the run folder. This process runs each case in
 one process on the same global batches and compares. The batch of 4 is dealt 2 rows a rank, in
-2 chunks a rank (1 row each) against 2 chunks of 2 rows in one process, so equality within 1e-6
-holds only if each rank's loss is divided by the whole batch's token count and FSDP sums the
-ranks' gradients: a mean over ranks or a per-rank normalisation is off by far more.
+2 chunks a rank (1 row each) against 2 chunks of 2 rows in one process. Full fine-tuning runs
+once in fp32 and once with the model in float64, where equality within 1e-12 holds only if each
+rank's loss is divided by the whole batch's token count and FSDP sums the ranks' gradients: a
+mean over ranks or a per-rank normalisation is off by far more.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from typer.testing import CliRunner
 
 from leantrain.cli import app
@@ -25,29 +27,33 @@ from leantrain.distributed import DataParallelHooks, leave
 from leantrain.distributed.launch import spawn_ranks
 from leantrain.errors import LeantrainError
 from leantrain.memory.config import TuneConfig
-from leantrain.memory.sft import SFTRun
+from leantrain.memory.sft import SFTRun, StepHooks
 from leantrain.settings import load_settings
 
-# Each case's settings and its bound on the max |weight difference| after 2 steps. Rounding
-# alone moves weights by about this much: the two runs split the batch into different chunks
-# (different matmul shapes), and AdamW turns a gradient element that is mostly rounding noise
-# (e.g. k_proj's direction that softmax ignores) into a full lr-sized step. One process against
-# itself, chunks 2 vs 1, differs by 3.1e-6 (full) and 2.1e-6 (lora) here; 2 ranks measured
-# 8.4e-7 (full), 2.6e-6 (lora) and 2.6e-6 (lars). LARS keeps each rank's own activation subspace
-# (as each chunk's in one process), so it equals one process only at a rank >= every width.
-CASES: dict[str, tuple[dict, float]] = {
-    "full": ({}, 1e-6),
-    "lora": ({}, 5e-6),
-    "lars": ({"lars.rank": 512}, 5e-6),  # the tiny model's widths: 128 and 512
+# Each case's method, settings and bound on the max |weight difference| after 2 steps. In fp32,
+# rounding alone moves weights by about this much: the two runs split the batch into different
+# chunks (different matmul shapes), and AdamW turns a gradient element that is mostly rounding
+# noise (e.g. k_proj's direction that softmax ignores) into a full lr-sized step. One process
+# against itself, chunks 2 vs 1, differs by 3.1e-6 (full) and 2.1e-6 (lora); 2 ranks measured
+# 8.4e-7 on one host and 1.7e-6 on another (full), 1.7e-6 to 2.6e-6 (lora), 2.6e-6 to 3.2e-6
+# (lars). float64 shows the step is the same step (measured 3.1e-15), as in
+# test_sequence_data_parallel_tune.py. LARS keeps each rank's own activation subspace (as each
+# chunk's in one process), so it equals one process only at a rank >= every width.
+CASES: dict[str, tuple[str, dict, float]] = {
+    "full": ("full", {}, 5e-6),
+    "full_float64": ("full", {}, 1e-12),
+    "lora": ("lora", {}, 5e-6),
+    "lars": ("lars", {"lars.rank": 512}, 5e-6),  # the tiny model's widths: 128 and 512
 }
 JOIN_TIMEOUT_S = 240
 
 
-def _config(method: str, out: Path) -> TuneConfig:
+def _config(case: str, out: Path) -> TuneConfig:
+    method, settings, _ = CASES[case]
     return load_settings(
         TuneConfig,
         None,
-        **CASES[method][0],
+        **settings,
         method=method,
         task="arith",
         task_options={"max_items": 4},
@@ -65,16 +71,33 @@ def _config(method: str, out: Path) -> TuneConfig:
     )
 
 
+class _Float64(StepHooks):
+    """One process, its model in float64 (settings offer no float64)."""
+
+    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        model.double()
+
+
+class _Float64Parallel(DataParallelHooks):
+    """The same hooks as the fp32 cases, the model in float64 before it is split."""
+
+    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        model.double()
+        super().attach(model, tokenizer)
+
+
 def _rank(rank: int, out: str) -> None:
     torch.set_num_threads(1)
-    for method in CASES:
-        cfg = _config(method, Path(out) / method)
+    for case in CASES:
+        cfg = _config(case, Path(out) / case)
         hooks = step_hooks(cfg)  # what `torchrun -m leantrain tune` does on every rank
         assert isinstance(hooks, DataParallelHooks) and hooks.world.size == 2
+        if case.endswith("float64"):
+            hooks = _Float64Parallel(hooks.world)
         SFTRun(cfg, hooks=hooks, progress=False).run()
         if hooks.is_main:
             weights = {k: v.clone() for k, v in hooks.policy.state_dict().items()}
-            torch.save(weights, Path(out) / f"{method}.pt")
+            torch.save(weights, Path(out) / f"{case}.pt")
     leave()
 
 
@@ -87,24 +110,25 @@ def two_ranks(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-@pytest.mark.parametrize("method", list(CASES))
-def test_two_ranks_equal_one_process(two_ranks: Path, tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_ranks_equal_one_process(two_ranks: Path, tmp_path: Path, case: str) -> None:
     torch.set_num_threads(1)
-    one = SFTRun(_config(method, tmp_path / "one"), progress=False)
+    hooks = _Float64() if case.endswith("float64") else None
+    one = SFTRun(_config(case, tmp_path / "one"), hooks=hooks, progress=False)
     start = {k: v.clone() for k, v in one.model.state_dict().items()}
     one.run()
-    two = torch.load(two_ranks / f"{method}.pt")
+    two = torch.load(two_ranks / f"{case}.pt")
     assert two.keys() == start.keys()
     weights = one.model.state_dict()
     moved = {name: (w - start[name]).abs().max().item() for name, w in weights.items()}
     diffs = {name: (w - two[name]).abs().max().item() for name, w in weights.items()}
     worst = max(diffs, key=diffs.get)
-    assert diffs[worst] <= CASES[method][1], f"{method}: {worst} differs by {diffs[worst]}"
+    assert diffs[worst] <= CASES[case][2], f"{case}: {worst} differs by {diffs[worst]}"
     params = dict(one.model.named_parameters())
     assert all(moved[n] > 1e-4 for n, p in params.items() if p.requires_grad), "one did not train"
     assert all(moved[n] == 0 for n, p in params.items() if not p.requires_grad), "a frozen moved"
     # Rank 0 wrote the whole run folder, with the whole step's loss and padded tokens.
-    folder = two_ranks / method
+    folder = two_ranks / case
     for name in ("metrics.jsonl", "metrics.png", "completions.jsonl", "summary.json"):
         assert (folder / name).exists(), name
     records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
