@@ -7,12 +7,12 @@ every token carrying the version that sampled it."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from rl_runs import reordered_sum_tolerance, run_steps
 from transformers import AutoConfig
 
 from leantrain.distributed import leave
@@ -189,13 +189,9 @@ def test_partial_on_worker_processes_switches_versions_mid_batch_with_exact_toke
     while its batch runs, and its segments resume on it. No token is older than step - k; at
     least one trajectory mixes two versions; every token's
     behaviour logprob is a fresh trainer forward's of the version it carries (within the
-    reordered-sum bound of tests/rl/test_orchestrator.py), far from version 0's."""
+    reordered-sum bound of tests/support/rl_runs.py), far from version 0's."""
     if backend == "ray":
         request.getfixturevalue("ray_installed")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_async_vllm import run_steps
-    from test_orchestrator import _reordered_sum_tolerance
-
     k = 2  # the worker never waits for weights: nearly every publish lands mid-batch
     cfg = load_settings(
         RLConfig,
@@ -226,7 +222,7 @@ def test_partial_on_worker_processes_switches_versions_mid_batch_with_exact_toke
     assert records[0]["batch_worker"] == "trainer"  # the worker still booted
     assert all(r["batch_worker"].startswith(f"{backend}-worker-0.") for r in records[1:])
     # Prompt plus response stay far below the MLP's width, which sets the bound.
-    tolerance = _reordered_sum_tolerance(AutoConfig.from_pretrained(tiny_path), seq_len=0)
+    tolerance = reordered_sum_tolerance(AutoConfig.from_pretrained(tiny_path), seq_len=0)
     for step, (r, s) in enumerate(zip(records, steps, strict=True)):
         assert r["staleness_max"] <= k
         assert all(min(vs) >= max(0, step - k) for vs in s["versions"]), (step, s["versions"])

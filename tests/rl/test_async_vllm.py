@@ -13,11 +13,11 @@ server per worker; a partial run (a thread or a process worker) loads versions i
 mid-batch and trains on mixed-version trajectories whose every token's logprob is its
 version's.
 
-The run goes in a child interpreter (this file run as a script): the trainer's own vLLM engine
-must not share a process with the engines other test modules start and free (an engine started
-after one is freed fails). Tests that need vllm skip where it is not installed and fail where
-`CI` is set, as in tests/generation/test_vllm_backend.py; the Ray tests likewise need ray
-(tests/rl/test_rollout_events.py).
+The run goes in a child interpreter (tests/support/rl_runs.py run as a script): the trainer's own
+vLLM engine must not share a process with the engines other test modules start and free (an
+engine started after one is freed fails). Tests that need vllm skip where it is not installed
+and fail where `CI` is set, as in tests/generation/test_vllm_backend.py; the Ray tests likewise
+need ray (tests/rl/test_rollout_events.py).
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import rl_runs
 import torch
+from rl_events import batch_versions, check_events
+from rl_runs import run_steps
 
 from leantrain.rl.config import RLConfig, RolloutConfig
-from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
 STEPS = 5
@@ -68,91 +69,6 @@ def _config(out: Path, mode: str, steps: int = STEPS, backend: str = "process") 
     )
 
 
-def run_steps(cfg: RLConfig, faults: FaultPlan | None = None) -> list[dict[str, Any]]:
-    """Drive `cfg`'s run step by step (in this process, on a small local Ray for `backend:
-    ray`; the workers inject `faults`); in async and partial mode, after the first step (the
-    trainer's own batch while the worker boots) wait for the worker, so the later batches are
-    the worker's.
-    One record a step: its wall seconds, each trajectory's set of token versions, and the
-    largest gap between a behaviour logprob and a fresh trainer forward of the version that
-    sampled it (and of version 0)."""
-    if cfg.orchestrator.backend != "ray":
-        return _run_steps(cfg, faults)
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        return _run_steps(cfg, faults)
-    finally:
-        ray.shutdown()
-
-
-def _run_steps(cfg: RLConfig, faults: FaultPlan | None) -> list[dict[str, Any]]:
-    from leantrain.rl.grpo import GRPORun
-    from leantrain.rl.orchestrator import Orchestrator
-
-    run = GRPORun(cfg, progress=False)
-    seen: list[dict[str, Any]] = []
-    trained: list[list[Any]] = []
-    published: dict[int, dict[str, Any]] = {}  # version -> its weights, as every engine got them
-    publish = run.learner.publish
-
-    def keep_published() -> dict[str, Any]:
-        weights = publish()  # a detached copy already: kept as it is
-        published[run.learner.version] = weights
-        return weights
-
-    def log_step(trajectories, stats, **kw):
-        assert all(len(t.versions) == len(t.response_ids) for t in trajectories)
-        seen.append({"versions": [sorted(set(t.versions)) for t in trajectories]})
-        trained.append(trajectories)
-        return run.log_step(trajectories, stats, **kw)
-
-    run.learner.publish = keep_published
-    events = run.folder.events
-    with Orchestrator(cfg, run.learner, run.source, log_step, faults, events) as o:
-        while run.step < cfg.steps:
-            t0 = time.perf_counter()
-            o.step()
-            seen[-1]["step_s"] = time.perf_counter() - t0
-            if run.step == 1 and cfg.orchestrator.mode != "sync":
-                deadline = time.monotonic() + cfg.orchestrator.timeout_s
-                while not o.pool.ready(0):
-                    assert time.monotonic() < deadline, "the worker never became ready"
-                    time.sleep(0.1)
-    for record, trajectories in zip(seen, trained, strict=True):
-        record["logprob_gap"] = _logprob_gap(cfg, trajectories, published)
-        record["gap_to_v0"] = _logprob_gap(cfg, trajectories, published, on=0)
-    return seen
-
-
-def _logprob_gap(
-    cfg: RLConfig, trajectories: list[Any], published: dict[int, Any], on: int | None = None
-) -> float:
-    """The largest |behaviour logprob - trainer logprob| over `trajectories`' tokens, the
-    trainer's from one fresh forward over prompt + response on the weights of version `on`
-    (None: the version each token carries: one per trajectory in async mode, one or more in
-    partial mode)."""
-    import torch
-
-    from leantrain.models import load_model
-    from leantrain.training.logprobs import token_logprobs
-
-    model = load_model(cfg.model.name, dtype="float32")[0].eval()
-    gap = 0.0
-    for t in trajectories:
-        versions = t.versions if on is None else [on] * len(t.versions)
-        ids = torch.tensor([t.prompt_ids + t.response_ids])
-        for version in sorted(set(versions)):
-            model.load_state_dict(published[version])
-            with torch.no_grad():
-                logits = model(ids).logits[0, len(t.prompt_ids) - 1 : -1]
-            trainer = token_logprobs(logits, torch.tensor(t.response_ids), cfg.sampling.temperature)
-            at = [i for i, v in enumerate(versions) if v == version]
-            gap = max(gap, float((trainer - torch.tensor(t.logprobs))[at].abs().max()))
-    return gap
-
-
 def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
     """`run_steps(cfg)` in a fresh interpreter (see the module doc)."""
     done = start_child(cfg)
@@ -161,13 +77,16 @@ def run_in_child(cfg: RLConfig) -> list[dict[str, Any]]:
 
 
 def start_child(cfg: RLConfig, crash: list[tuple[int, int]] = ()) -> subprocess.CompletedProcess:
-    """Run this file as a script on `cfg`, its workers exiting (a process's death) after
-    generating each (batch, attempt) in `crash`; the finished child."""
+    """Run tests/support/rl_runs.py as a script on `cfg`, its workers exiting (a process's
+    death) after generating each (batch, attempt) in `crash`; the finished child."""
     cfg.out.mkdir(parents=True, exist_ok=True)
     (cfg.out / "config.json").write_text(cfg.model_dump_json())
     (cfg.out / "crash.json").write_text(json.dumps(crash))
     return subprocess.run(
-        [sys.executable, __file__, str(cfg.out)], capture_output=True, text=True, timeout=900
+        [sys.executable, rl_runs.__file__, str(cfg.out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 
@@ -193,9 +112,6 @@ def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> 
     workers = {r["batch_worker"] for r in records[1:]}
     assert any(w.startswith(f"{worker}-0.") for w in workers), workers
     # events.jsonl: every track tiles its time; each sequence's spans carry its batch version.
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_rollout_events import _versions, check_events
-
     events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
     server = cfg.rollout.backend == "vllm_server"
     seqs = check_events(events, steps=cfg.steps, size=0 if server else PROMPTS * GROUP)
@@ -203,7 +119,7 @@ def check_async_run(cfg: RLConfig, steps: list[dict[str, Any]], worker: str) -> 
     if server:
         return
     assert any(track.startswith(f"{worker}-0.") for track, _, _ in seqs)
-    versions = _versions(seqs)
+    versions = batch_versions(seqs)
     assert versions == {b: {r["batch_version"]} for b, r in enumerate(records)}
 
 
@@ -446,11 +362,3 @@ def test_the_trainer_and_workers_share_one_saved_policy_folder(tmp_path: Path, m
     saved = load_model(folder)[0].state_dict()
     assert saved.keys() == model.state_dict().keys()
     assert [p.name for p in cfg.out.iterdir()] == ["vllm-policy"]
-
-
-if __name__ == "__main__":  # the child of `start_child`: python this_file OUT
-    out = Path(sys.argv[1])
-    config = RLConfig.model_validate_json((out / "config.json").read_text())
-    crash = frozenset(map(tuple, json.loads((out / "crash.json").read_text())))
-    faults = FaultPlan(crash=crash, hard_exit=True) if crash else None
-    (out / "steps.json").write_text(json.dumps(run_steps(config, faults)))

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
+from rl_runs import reordered_sum_tolerance
 
 from leantrain.errors import LeantrainError
 from leantrain.rl.buffer import StallError
@@ -64,18 +64,6 @@ def _run_async(run: GRPORun, faults: FaultPlan | None = None) -> dict:
         return orchestrator.summary()
 
 
-def _reordered_sum_tolerance(model_config: object, seq_len: int) -> float:
-    """How far one token's fp32 logprob may move between two code paths that compute the same
-    sums in another order (the worker decodes in its own batches and buffers, and MKL's kernels
-    then split them differently): Higham's worst-case bound for a sum of n terms summed in
-    another order, n * eps relative to the terms (logprobs and logits of order 1-10 here), with n
-    the longest sum the logprob rests on: attention over the sequence or the MLP's width. For the
-    tiny model that is 512 * 1.19e-7 = 6.1e-5; measured drift 1.1e-5 (1 of 32 tokens), while
-    other weights or another version move logprobs by 1e-3 and more."""
-    width = model_config.intermediate_size  # type: ignore[attr-defined]
-    return torch.finfo(torch.float32).eps * max(seq_len, width)
-
-
 def test_staleness_zero_gives_the_sync_trajectories(tiny_path: Path, tmp_path: Path) -> None:
     sync = GRPORun(_config(tiny_path, tmp_path / "sync"), progress=False)
     sync_batches = _recording(sync)
@@ -94,7 +82,7 @@ def test_staleness_zero_gives_the_sync_trajectories(tiny_path: Path, tmp_path: P
         assert [t.response_ids for t in a] == [t.response_ids for t in b]
         assert [t.versions for t in a] == [t.versions for t in b]
         for ta, tb in zip(a, b, strict=True):
-            tolerance = _reordered_sum_tolerance(
+            tolerance = reordered_sum_tolerance(
                 sync.model.config, len(ta.prompt_ids + ta.response_ids)
             )
             assert ta.logprobs == pytest.approx(tb.logprobs, abs=tolerance)

@@ -6,16 +6,15 @@ sequence is there once, the trainer's track covers the run, and versions are the
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import json
 import os
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rl_events import batch_versions, check_events
 
 from leantrain.rl.config import RLConfig
 from leantrain.rl.episodes import EpisodeRunner
@@ -47,65 +46,12 @@ def _events(run: GRPORun) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run.out / "events.jsonl").read_text().splitlines()]
 
 
-def _tiles(spans: list[dict[str, Any]], what: str) -> None:
-    for a, b in itertools.pairwise(spans):
-        assert a["t1"] == b["t0"], (
-            f"{what}: {a['name']} ends at {a['t1']}, {b['name']} at {b['t0']}"
-        )
-    assert all(s["t0"] <= s["t1"] for s in spans), what
-
-
-def check_events(
-    events: list[dict[str, Any]], steps: int = STEPS, size: int = PROMPTS * GROUP
-) -> dict[tuple, list[dict]]:
-    """The invariants every run's events keep (`size` sequences a batch; 0: a backend that
-    reports no per-sequence times, vLLM servers); returns each sequence's spans by (track,
-    batch, seq)."""
-    own: dict[str, list[dict]] = defaultdict(list)
-    seqs: dict[tuple, list[dict]] = defaultdict(list)
-    for e in events:
-        if "seq" in e:
-            seqs[e["track"], e["batch"], e["seq"]].append(e)
-        else:
-            own[e["track"]].append(e)
-    for track, spans in own.items():  # a track's spans tile its time: no gap, no overlap
-        spans.sort(key=lambda s: s["t0"])
-        _tiles(spans, track)
-    trainer = own["trainer"]
-    assert [s["name"] for s in trainer].count("train") == steps
-    start, end = trainer[0]["t0"], trainer[-1]["t1"]
-    for track, spans in own.items():  # the trainer's track covers everything else
-        assert start <= spans[0]["t0"] and spans[-1]["t1"] <= end, track
-    per_batch: dict[int, int] = defaultdict(int)
-    for (track, batch, seq), spans in seqs.items():
-        spans.sort(key=lambda s: (s["t0"], s["name"] == "finish"))
-        _tiles(spans, f"{track} batch {batch} seq {seq}")
-        assert spans[0]["name"] == "queue" and [s["name"] for s in spans].count("finish") == 1
-        assert spans[-1]["name"] == "finish"
-        decoded = sum(s.get("tokens", 0) for s in spans[:-1])
-        assert decoded == spans[-1]["tokens"] > 0
-        generate = [s for s in own[track] if s["name"] == "generate" and s["batch"] == batch]
-        assert len(generate) == 1, (track, batch)
-        assert generate[0]["t0"] <= spans[0]["t0"] and spans[-1]["t1"] <= generate[0]["t1"]
-        per_batch[batch] += 1
-    assert per_batch == ({b: size for b in range(steps)} if size else {})
-    return seqs
-
-
-def _versions(seqs: dict[tuple, list[dict]]) -> dict[int, set[int]]:
-    """The policy versions of each batch's decoding spans."""
-    out: dict[int, set[int]] = defaultdict(set)
-    for (_, batch, _), spans in seqs.items():
-        out[batch] |= {s["version"] for s in spans if s["name"] in ("decode", "speculate")}
-    return out
-
-
 def test_a_sync_run_records_the_trainers_rollouts(tiny_path: Path, tmp_path: Path) -> None:
     run = GRPORun(_config(tmp_path, "sync"), progress=False)
     summary = run.run()
-    seqs = check_events(_events(run))
+    seqs = check_events(_events(run), STEPS, PROMPTS * GROUP)
     assert {track for track, _, _ in seqs} == {"trainer"}
-    assert _versions(seqs) == {b: {b} for b in range(STEPS)}  # batch n is sampled on version n
+    assert batch_versions(seqs) == {b: {b} for b in range(STEPS)}  # batch n is sampled on version n
     assert summary["seconds_events"] > 0
 
 
@@ -123,11 +69,11 @@ def test_thread_workers_record_their_spans(mode: str, tiny_path: Path, tmp_path:
     run = GRPORun(cfg, progress=False)
     run.run()
     events = _events(run)
-    seqs = check_events(events)
+    seqs = check_events(events, STEPS, PROMPTS * GROUP)
     assert {track for track, _, _ in seqs} == {"worker-0.1"}
     worker = {s["name"] for s in events if s["track"] == "worker-0.1" and "seq" not in s}
     assert {"start", "idle", "generate", "score"} <= worker
-    for batch, versions in _versions(seqs).items():  # bounded staleness, seen per span
+    for batch, versions in batch_versions(seqs).items():  # bounded staleness, seen per span
         assert versions <= {batch - 1, batch}
     if mode == "partial":  # segments: sequences wait between them, re-queued on newer weights
         assert any(s["name"] == "wait" for spans in seqs.values() for s in spans)
@@ -151,7 +97,9 @@ def test_multi_turn_episodes_record_turns_and_tool_calls(tiny_path: Path, tmp_pa
     run = GRPORun(cfg, progress=False)
     run.source.backend = EpisodeRunner(run.source.backend.engine, EchoTool())
     run.run()
-    seqs = check_events(_events(run))  # one sequence per episode, however many turns
+    seqs = check_events(
+        _events(run), STEPS, PROMPTS * GROUP
+    )  # one sequence per episode, however many turns
     names = [s["name"] for spans in seqs.values() for s in spans]
     assert names.count("tool") > 0 and names.count("prefill") > names.count("finish")
 
@@ -200,6 +148,6 @@ def test_worker_processes_send_their_events_with_their_batches(
             time.sleep(0.1)
         while run.step < cfg.steps:
             o.step()
-    seqs = check_events(_events(run))
+    seqs = check_events(_events(run), STEPS, PROMPTS * GROUP)
     tracks = {track for track, _, _ in seqs}
     assert "trainer" in tracks and any(t.startswith(f"{backend}-worker-0.") for t in tracks)
