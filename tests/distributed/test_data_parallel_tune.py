@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from float64_hooks import Float64, Float64Parallel
 from typer.testing import CliRunner
 
 from leantrain.cli import app
@@ -27,7 +27,7 @@ from leantrain.distributed import DataParallelHooks, leave
 from leantrain.distributed.launch import spawn_ranks
 from leantrain.errors import LeantrainError
 from leantrain.memory.config import TuneConfig
-from leantrain.memory.sft import SFTRun, StepHooks
+from leantrain.memory.sft import SFTRun
 from leantrain.settings import load_settings
 
 # Each case's method, settings and bound on the max |weight difference| after 2 steps. In fp32,
@@ -71,21 +71,6 @@ def _config(case: str, out: Path) -> TuneConfig:
     )
 
 
-class _Float64(StepHooks):
-    """One process, its model in float64 (settings offer no float64)."""
-
-    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        model.double()
-
-
-class _Float64Parallel(DataParallelHooks):
-    """The same hooks as the fp32 cases, the model in float64 before it is split."""
-
-    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        model.double()
-        super().attach(model, tokenizer)
-
-
 def _rank(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     for case in CASES:
@@ -93,7 +78,7 @@ def _rank(rank: int, out: str) -> None:
         hooks = step_hooks(cfg)  # what `torchrun -m leantrain tune` does on every rank
         assert isinstance(hooks, DataParallelHooks) and hooks.world.size == 2
         if case.endswith("float64"):
-            hooks = _Float64Parallel(hooks.world)
+            hooks = Float64Parallel(hooks.world)
         SFTRun(cfg, hooks=hooks, progress=False).run()
         if hooks.is_main:
             weights = {k: v.clone() for k, v in hooks.policy.state_dict().items()}
@@ -113,7 +98,7 @@ def two_ranks(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_equal_one_process(two_ranks: Path, tmp_path: Path, case: str) -> None:
     torch.set_num_threads(1)
-    hooks = _Float64() if case.endswith("float64") else None
+    hooks = Float64() if case.endswith("float64") else None
     one = SFTRun(_config(case, tmp_path / "one"), hooks=hooks, progress=False)
     start = {k: v.clone() for k, v in one.model.state_dict().items()}
     one.run()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from float64_hooks import Float64, Float64Parallel
 from typer.testing import CliRunner
 
 from leantrain.cli import app
@@ -34,7 +34,7 @@ from leantrain.distributed import DataParallelHooks, World, leave
 from leantrain.distributed.launch import spawn_ranks
 from leantrain.errors import LeantrainError
 from leantrain.memory.config import TuneConfig
-from leantrain.memory.sft import SFTRun, StepHooks
+from leantrain.memory.sft import SFTRun
 from leantrain.settings import load_settings
 
 RANKS, SP = 4, 2
@@ -69,21 +69,6 @@ def _config(out: Path) -> TuneConfig:
     )
 
 
-class _Float64(StepHooks):
-    """One process, its model in float64 (settings offer no float64)."""
-
-    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        model.double()
-
-
-class _Float64Parallel(DataParallelHooks):
-    """The same hooks as the float32 case, the model in float64 before it is split."""
-
-    def attach(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
-        model.double()
-        super().attach(model, tokenizer)
-
-
 def _rank(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     for dtype in CASES:
@@ -91,7 +76,7 @@ def _rank(rank: int, out: str) -> None:
         hooks = step_hooks(cfg, nproc_per_node=RANKS)  # what `--nproc-per-node 4` does
         assert isinstance(hooks, DataParallelHooks) and hooks.groups == RANKS // SP
         if dtype == "float64":
-            hooks = _Float64Parallel(hooks.world, SP)
+            hooks = Float64Parallel(hooks.world, SP)
         SFTRun(cfg, hooks=hooks, progress=False).run()
         assert hooks.sequence is not None
         if hooks.is_main:
@@ -114,7 +99,7 @@ def test_two_groups_of_two_sequence_ranks_equal_one_process(
     four_ranks: Path, tmp_path: Path, dtype: str
 ) -> None:
     torch.set_num_threads(1)
-    hooks = _Float64() if dtype == "float64" else None
+    hooks = Float64() if dtype == "float64" else None
     one = SFTRun(_config(tmp_path / "one"), hooks=hooks, progress=False)  # no SP in one process
     start = {k: v.clone() for k, v in one.model.state_dict().items()}
     one.run()
