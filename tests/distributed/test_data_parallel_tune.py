@@ -46,6 +46,8 @@ CASES: dict[str, tuple[str, dict, float]] = {
     "lars": ("lars", {"lars.rank": 512}, 5e-6),  # the tiny model's widths: 128 and 512
 }
 JOIN_TIMEOUT_S = 240
+# One pytest worker runs the module (`make test`: --dist loadgroup), so its ranks spawn once.
+pytestmark = pytest.mark.xdist_group("data-parallel-tune")
 
 
 def _config(case: str, out: Path) -> TuneConfig:

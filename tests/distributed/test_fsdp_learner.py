@@ -46,6 +46,8 @@ STEPS = 2
 RESUME_STEPS, SAVED_AT = 4, 2  # the checkpointed run: saved at steps 1 and 2, keeping 1
 PROMPTS, GROUP = 4, 4  # 16 trajectories a step, dealt to 2 ranks as 5 micro-batches
 JOIN_TIMEOUT_S = 240
+# One pytest worker runs the module (`make test`: --dist loadgroup), so its ranks spawn once.
+pytestmark = pytest.mark.xdist_group("fsdp-learner")
 
 
 def _model() -> LlamaForCausalLM:

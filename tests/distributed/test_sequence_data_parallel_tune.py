@@ -46,6 +46,8 @@ RANKS, SP = 4, 2
 # measured 2.6e-15, where a wrong normalisation or a token scored twice is off by far more.
 CASES = {"float32": 5e-6, "float64": 1e-12}
 JOIN_TIMEOUT_S = 420
+# One pytest worker runs the module (`make test`: --dist loadgroup), so its ranks spawn once.
+pytestmark = pytest.mark.xdist_group("sequence-data-parallel-tune")
 
 
 def _config(out: Path) -> TuneConfig:

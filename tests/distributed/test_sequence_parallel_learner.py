@@ -54,6 +54,8 @@ PROMPTS, GROUP = 2, 4  # 8 trajectories a step
 BUDGET = 48  # micro_batch_tokens
 TOLERANCE = 1e-6  # fp32
 JOIN_TIMEOUT_S = 240
+# One pytest worker runs the module (`make test`: --dist loadgroup), so its ranks spawn once.
+pytestmark = pytest.mark.xdist_group("sequence-parallel-learner")
 
 
 def _model(family: str, kv_heads: int, heads: int = 4) -> torch.nn.Module:

@@ -22,7 +22,11 @@ from leantrain.generation import Engine, SamplingParams, require
 from leantrain.models import load_model
 from leantrain.rl.config import RLConfig, RolloutConfig
 
-pytestmark = pytest.mark.slow  # the server takes 25-40 s to start on 2 cores
+pytestmark = [
+    pytest.mark.slow,  # the server takes 25-40 s to start on 2 cores
+    # One pytest worker runs the module (`make test`: --dist loadgroup), so its server starts once.
+    pytest.mark.xdist_group("vllm-serve"),
+]
 
 # The in-process backend's tolerance (test_vllm_backend.py, where the measured gaps are): the
 # server runs the same vLLM kernels on the same weights. Measured here over HTTP (16 responses,

@@ -25,7 +25,11 @@ from leantrain.models.config import LLAMA_PROJECTIONS, LoraSettings
 from leantrain.models.lora import inject_lora
 from leantrain.rl.config import RLConfig, RolloutConfig
 
-pytestmark = pytest.mark.slow  # the server takes 25-40 s to start on 2 cores
+pytestmark = [
+    pytest.mark.slow,  # the server takes 25-40 s to start on 2 cores
+    # One pytest worker runs the module (`make test`: --dist loadgroup), so its server starts once.
+    pytest.mark.xdist_group("vllm-serve-lora"),
+]
 
 # The server tests' tolerance (test_vllm_server.py): the same vLLM kernels, here with its CPU
 # LoRA ops on top (the in-process LoRA test holds them to the same).

@@ -171,7 +171,12 @@ def _server_config(out: Path, url: str, backend: str, mode: str = "async") -> RL
     return cfg
 
 
+# The tests on `server` share one pytest worker (`make test`: --dist loadgroup): one launch.
+SERVER_GROUP = pytest.mark.xdist_group("vllm-serve-async")
+
+
 @pytest.mark.slow  # a launched vllm serve (25-40 s on 2 cores), then 3 steps
+@SERVER_GROUP
 @pytest.mark.parametrize(
     ("backend", "worker"),
     [("local", "worker"), ("process", "process-worker"), ("ray", "ray-worker")],
@@ -236,6 +241,7 @@ def test_partial_on_vllm_worker_processes_resumes_segments_on_each_version(
 
 
 @pytest.mark.slow  # a launched vllm serve (shared with the tests above), then 7 steps
+@SERVER_GROUP
 @pytest.mark.parametrize(
     ("backend", "worker"), [("local", "worker"), ("process", "process-worker")]
 )
