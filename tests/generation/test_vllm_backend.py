@@ -9,15 +9,14 @@ installs it there, so a skip would hide a broken install). One engine serves the
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from rl_events import batch_versions, check_events
 
 from leantrain.errors import LeantrainError
 from leantrain.generation import Engine, SamplingParams, require
@@ -34,17 +33,6 @@ from leantrain.telemetry.events import clock
 # Hugging Face's; 2e-4 is 5x the worst gap seen, room for another CPU family in CI, and still
 # 50x below what a wrong temperature, position or weight version does (1e-2 and more).
 LOGPROB_TOL = 2e-4
-
-
-def rollout_events_checks():
-    """tests/rl/test_rollout_events.py as a module: the invariants every run's events keep."""
-    path = Path(__file__).parents[1] / "rl" / "test_rollout_events.py"
-    spec = importlib.util.spec_from_file_location("rollout_events_checks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -400,11 +388,10 @@ def test_three_grpo_steps_on_vllm_train_on_policy(
     assert [c.response_ids for c in got] == [c.response_ids for c in expected]
     # events.jsonl: the trainer's spans tile the run, each sequence's vLLM spans tile its life
     # inside its batch's `generate` span, and batch n decodes on version n.
-    checks = rollout_events_checks()
     events = [json.loads(line) for line in (cfg.out / "events.jsonl").read_text().splitlines()]
     batch = cfg.grpo.prompts_per_step * cfg.grpo.group_size
-    seqs = checks.check_events(events, steps=3, size=batch)
+    seqs = check_events(events, steps=3, size=batch)
     assert {track for track, _, _ in seqs} == {"trainer"}
-    assert checks._versions(seqs) == {b: {b} for b in range(3)}
+    assert batch_versions(seqs) == {b: {b} for b in range(3)}
     for spans in seqs.values():
         assert [s["name"] for s in spans] == ["queue", "prefill", "decode", "finish"]
