@@ -18,9 +18,10 @@ from leantrain.rl.config import RLConfig
 pytestmark = [
     pytest.mark.slow,  # two raylets and an actor per rank: ~10 s before any test runs
     pytest.mark.usefixtures("ray_installed"),  # fails in CI where Ray is missing
-    # One pytest worker runs every test that starts a Ray cluster and a vLLM server (`make
-    # test`: --dist loadgroup): side by side on 2 cores, actors took over 60 s to start.
-    pytest.mark.xdist_group("ray-cluster"),
+    # One pytest worker runs the tests that start Ray (`make test`: --dist loadgroup; all but
+    # test_async_vllm.py's server case, which stays with its server's group): two Ray instances
+    # side by side on 2 cores took over 60 s to start their actors.
+    pytest.mark.xdist_group("ray"),
 ]
 
 

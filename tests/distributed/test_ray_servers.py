@@ -25,7 +25,7 @@ from leantrain.rl.config import RLConfig, RolloutConfig
 
 pytestmark = [
     pytest.mark.slow,  # each test starts a vllm serve: 25-40 s on 2 cores
-    pytest.mark.xdist_group("ray-cluster"),  # beside test_ray_group.py's cluster: see there
+    pytest.mark.xdist_group("ray"),  # with every other test that starts Ray: see test_ray_group.py
 ]
 
 

@@ -23,6 +23,10 @@ from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
+# The `ray` case joins every test that starts Ray on one pytest worker (`make test`: --dist
+# loadgroup; tests/distributed/test_ray_group.py says why).
+RAY = pytest.param("ray", marks=pytest.mark.xdist_group("ray"))
+
 
 @pytest.fixture
 def backend(request: pytest.FixtureRequest):
@@ -48,11 +52,7 @@ def _wait_for_worker(orchestrator: Orchestrator, timeout_s: float) -> None:
 
 
 @pytest.mark.slow  # two worker processes start (import torch): ~10-20 s on 2 idle cores
-@pytest.mark.parametrize(
-    "backend",
-    ["process", "ray"],
-    indirect=True,
-)
+@pytest.mark.parametrize("backend", ["process", RAY], indirect=True)
 def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     backend: str, tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -181,7 +181,7 @@ def test_async_on_two_ranks_trains_worker_batches_in_lockstep(
 
 
 @pytest.mark.slow  # a worker process or Ray actor starts (imports torch): ~15-30 s on 2 cores
-@pytest.mark.parametrize("backend", ["process", "ray"])
+@pytest.mark.parametrize("backend", ["process", RAY])
 def test_partial_on_worker_processes_switches_versions_mid_batch_with_exact_tokens(
     backend: str, tiny_path: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

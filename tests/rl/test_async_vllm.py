@@ -132,6 +132,7 @@ def test_async_k1_on_vllm_trains_each_batch_on_one_exact_version(
 
 
 @pytest.mark.slow  # a Ray actor imports vllm and starts an engine: ~30-40 s on 2 cores
+@pytest.mark.xdist_group("ray")  # with the other Ray tests: tests/distributed/test_ray_group.py
 def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
     tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
 ) -> None:
@@ -140,6 +141,7 @@ def test_async_k1_on_vllm_ray_actors_trains_each_batch_on_one_exact_version(
 
 
 @pytest.mark.slow  # two Ray actors import vllm and start an engine, one after the other: ~50 s
+@pytest.mark.xdist_group("ray")  # with the other Ray tests: tests/distributed/test_ray_group.py
 def test_a_vllm_actor_that_keeps_dying_ends_the_run_with_an_error_naming_it(
     tiny_path: Path, tmp_path: Path, vllm_installed: None, ray_installed: None
 ) -> None:

@@ -107,6 +107,11 @@ def test_multi_turn_episodes_record_turns_and_tool_calls(tiny_path: Path, tmp_pa
 _NO_RAY = importlib.util.find_spec("ray") is None
 
 
+# The `ray` case joins every test that starts Ray on one pytest worker (`make test`: --dist
+# loadgroup; tests/distributed/test_ray_group.py says why).
+RAY = pytest.param("ray", marks=pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture
 def backend(request: pytest.FixtureRequest):
     if request.param == "ray":
@@ -124,7 +129,7 @@ def backend(request: pytest.FixtureRequest):
 
 
 @pytest.mark.slow  # a worker process or actor starts (imports torch): ~10-20 s
-@pytest.mark.parametrize("backend", ["process", "ray"], indirect=True)
+@pytest.mark.parametrize("backend", ["process", RAY], indirect=True)
 def test_worker_processes_send_their_events_with_their_batches(
     backend: str, tiny_path: Path, tmp_path: Path
 ) -> None:
