@@ -23,25 +23,6 @@ from leantrain.rl.orchestrator import Orchestrator
 from leantrain.rl.rollout_worker import FaultPlan
 from leantrain.settings import load_settings
 
-# The `ray` case joins every test that starts Ray on one pytest worker (`make test`: --dist
-# loadgroup; tests/distributed/test_ray_group.py says why).
-RAY = pytest.param("ray", marks=pytest.mark.xdist_group("ray"))
-
-
-@pytest.fixture
-def backend(request: pytest.FixtureRequest):
-    """The backend's name; a small local Ray around the test for `ray` (which fails in CI where
-    Ray is missing: `ray_installed`)."""
-    if request.param == "ray":
-        request.getfixturevalue("ray_installed")
-        import ray
-
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield "ray"
-        ray.shutdown()
-    else:
-        yield request.param
-
 
 def _wait_for_worker(orchestrator: Orchestrator, timeout_s: float) -> None:
     """Until worker 0 has booted (it imports torch and loads the model)."""
@@ -52,23 +33,22 @@ def _wait_for_worker(orchestrator: Orchestrator, timeout_s: float) -> None:
 
 
 @pytest.mark.slow  # two worker processes start (import torch): ~10-20 s on 2 idle cores
-@pytest.mark.parametrize("backend", ["process", RAY], indirect=True)
 def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
-    backend: str, tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    worker_backend: str, tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     cfg = load_settings(
         RLConfig,
         None,
         **{
             "steps": 5,
-            "out": tmp_path / backend,
+            "out": tmp_path / worker_backend,
             "device": "cpu",
             "task.eval_size": 2,
             "sampling.max_new_tokens": 24,
             "grpo.prompts_per_step": 2,
             "grpo.group_size": 2,
             "orchestrator.mode": "async",
-            "orchestrator.backend": backend,
+            "orchestrator.backend": worker_backend,
             "orchestrator.max_staleness": 1,
             "orchestrator.timeout_s": 60.0,
         },
@@ -100,11 +80,11 @@ def test_workers_take_over_from_the_trainer_and_survive_a_dead_one(
     # The first worker dies on batch 2; its replacement redoes it.
     assert delivered[:3] == [
         ("trainer", 1),
-        (f"{backend}-worker-0.1", 1),
-        (f"{backend}-worker-0.2", 2),
+        (f"{worker_backend}-worker-0.1", 1),
+        (f"{worker_backend}-worker-0.2", 2),
     ]
-    assert summary["worker_restarts"] == 1 and summary["backend"] == backend
-    assert f"{backend}-worker-0.1 exited" in caplog.text  # the dead worker, by name
+    assert summary["worker_restarts"] == 1 and summary["backend"] == worker_backend
+    assert f"{worker_backend}-worker-0.1 exited" in caplog.text  # the dead worker, by name
     assert records[-1]["weight_publish_s"] > 0
     prompts = Counter((s, t.group_id) for s, batch in enumerate(trained) for t in batch[::2])
     assert sorted(prompts) == [(s, g) for s in range(5) for g in range(2)]
@@ -181,7 +161,11 @@ def test_async_on_two_ranks_trains_worker_batches_in_lockstep(
 
 
 @pytest.mark.slow  # a worker process or Ray actor starts (imports torch): ~15-30 s on 2 cores
-@pytest.mark.parametrize("backend", ["process", RAY])
+# Not `worker_backend`: run_steps starts the local Ray itself. The `ray` case joins the Ray
+# tests' group (tests/rl/conftest.py).
+@pytest.mark.parametrize(
+    "backend", ["process", pytest.param("ray", marks=pytest.mark.xdist_group("ray"))]
+)
 def test_partial_on_worker_processes_switches_versions_mid_batch_with_exact_tokens(
     backend: str, tiny_path: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -5,9 +5,7 @@ sequence is there once, the trainer's track covers the run, and versions are the
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,41 +102,16 @@ def test_multi_turn_episodes_record_turns_and_tool_calls(tiny_path: Path, tmp_pa
     assert names.count("tool") > 0 and names.count("prefill") > names.count("finish")
 
 
-_NO_RAY = importlib.util.find_spec("ray") is None
-
-
-# The `ray` case joins every test that starts Ray on one pytest worker (`make test`: --dist
-# loadgroup; tests/distributed/test_ray_group.py says why).
-RAY = pytest.param("ray", marks=pytest.mark.xdist_group("ray"))
-
-
-@pytest.fixture
-def backend(request: pytest.FixtureRequest):
-    if request.param == "ray":
-        if _NO_RAY:
-            if os.environ.get("CI"):
-                pytest.fail("ray is missing (pip install 'leantrain[ray]')")
-            pytest.skip("needs ray")
-        import ray
-
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        yield "ray"
-        ray.shutdown()
-    else:
-        yield request.param
-
-
 @pytest.mark.slow  # a worker process or actor starts (imports torch): ~10-20 s
-@pytest.mark.parametrize("backend", ["process", RAY], indirect=True)
 def test_worker_processes_send_their_events_with_their_batches(
-    backend: str, tiny_path: Path, tmp_path: Path
+    worker_backend: str, tiny_path: Path, tmp_path: Path
 ) -> None:
     cfg = _config(
         tmp_path,
-        backend,
+        worker_backend,
         **{
             "orchestrator.mode": "async",
-            "orchestrator.backend": backend,
+            "orchestrator.backend": worker_backend,
             "orchestrator.max_staleness": 1,
             "orchestrator.timeout_s": 60.0,
         },
@@ -155,4 +128,4 @@ def test_worker_processes_send_their_events_with_their_batches(
             o.step()
     seqs = check_events(_events(run), STEPS, PROMPTS * GROUP)
     tracks = {track for track, _, _ in seqs}
-    assert "trainer" in tracks and any(t.startswith(f"{backend}-worker-0.") for t in tracks)
+    assert "trainer" in tracks and any(t.startswith(f"{worker_backend}-worker-0.") for t in tracks)
