@@ -98,8 +98,6 @@ def _logprob_gap(
     trainer's from one fresh forward over prompt + response on the weights of version `on`
     (None: the version each token carries: one per trajectory in async mode, one or more in
     partial mode)."""
-    import torch
-
     from leantrain.models import load_model
     from leantrain.training.logprobs import token_logprobs
 
