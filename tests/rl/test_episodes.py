@@ -102,9 +102,7 @@ def test_an_episode_calls_the_tool_reads_the_output_and_answers(byte_tok):
 
 
 def test_tool_failures_come_back_as_output_and_are_recorded(byte_tok):
-    # The deadline counts the interpreter's start-up, slow on a loaded CI machine: under 2 s a
-    # call that raises can time out first.
-    task = ToolArithTask(timeout_s=2.0)
+    task = ToolArithTask(timeout_s=1.0)
     scripts = {
         "a\n": ["no code here </python>", "answer: 1<eos>"],
         "b\n": ["<python>\nwhile True: pass\n</python>", "answer: 2<eos>"],

@@ -31,18 +31,8 @@ from leantrain.training.logprobs import token_logprobs
 # Face's (1e-5 to 4e-5 seen in fp32); a wrong position, context or temperature is 1e-2 and more.
 LOGPROB_TOL = 2e-4
 
-# configs/tiny-tools.yaml's task: what the preset was warm-started on. The sandbox's deadline
-# counts the interpreter's start-up: a loaded 2-core CI machine once took over the default 2 s,
-# and a call that times out on one engine and not the other changes the next turn's context, so
-# the engines' comparisons allow 10 s.
-TASK = {
-    "min_digits": 1,
-    "max_digits": 2,
-    "max_terms": 2,
-    "max_turns": 3,
-    "episode_tokens": 160,
-    "timeout_s": 10.0,
-}
+# configs/tiny-tools.yaml's task: what the preset was warm-started on.
+TASK = {"min_digits": 1, "max_digits": 2, "max_terms": 2, "max_turns": 3, "episode_tokens": 160}
 
 
 class Recorded:

@@ -34,7 +34,7 @@ EXAMPLE = Example(
     ],
 )
 def test_score(response: str, expected: dict[str, float]) -> None:
-    assert CodeTask(timeout_s=2.0).score(EXAMPLE, response) == expected
+    assert CodeTask(timeout_s=1.0).score(EXAMPLE, response) == expected
 
 
 def test_parses() -> None:

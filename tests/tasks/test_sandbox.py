@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,6 +29,37 @@ def test_infinite_loop_is_killed_within_the_timeout() -> None:
     assert time.monotonic() - start < 3.0
     assert result.timed_out
     assert not result.ok
+
+
+def _slow_start(tmp_path: Path, delay_s: float) -> str:
+    """An interpreter that takes `delay_s` to start when it runs code (not when probed)."""
+    wrapper = tmp_path / "slow-python"
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    # isolation() probes with `-I -S -c pass`; run_python passes `-I -S -X utf8 -c ...`.
+    wrapper.write_text(
+        f'#!/bin/sh\nif [ "$3" = -X ]; then {sleep} {delay_s}; fi\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_the_timeout_counts_the_code_not_the_interpreter_start(tmp_path: Path) -> None:
+    python = _slow_start(tmp_path, 1.5)
+    result = run_python("print('hi')", timeout_s=0.5, python=python)
+    assert result.ok and result.stdout == "hi\n"
+    assert result.start_s is not None and result.start_s >= 1.5
+    looping = run_python("while True:\n    pass", timeout_s=0.5, python=python)
+    assert looping.timed_out and looping.start_s is not None
+    assert 0.5 <= looping.wall_s - looping.start_s < 2.0
+
+
+def test_an_interpreter_that_does_not_start_in_time_is_killed(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = run_python("print('hi')", start_timeout_s=1.0, python=_slow_start(tmp_path, 60))
+    assert time.monotonic() - start < 10.0
+    assert result.timed_out and result.start_s is None
+    assert not result.ok and result.stdout == ""
 
 
 def test_memory_bomb_fails_cleanly() -> None:
@@ -128,7 +160,7 @@ def test_descendants_do_not_outlive_the_run(tmp_path: Path) -> None:
     )
     result = run_python(code)
     assert result.ok and result.stdout == "spawned\n"
-    assert result.wall_s < 1.0  # did not wait for the grandchild
+    assert result.wall_s - result.start_s < 1.0  # did not wait for the grandchild
     if not isolation().network:
         pytest.skip("without a PID namespace a setsid'd grandchild can outlive the run")
     time.sleep(1.5)
@@ -170,6 +202,11 @@ def test_output_written_just_before_exit_is_kept(monkeypatch: pytest.MonkeyPatch
         def poll(self) -> int:
             return proc.wait()
 
+    started_read, started_write = os.pipe()
+    os.close(started_write)  # the code never signals its start: the start deadline holds
     monkeypatch.setattr(sandbox, "_POLL_S", 0.05)
-    result = sandbox._read(ExitsAfterPrinting(), time.monotonic() + 5, 100)
-    assert result == (b"42\n", b"", False, False)  # stdout, stderr, timed out, truncated
+    try:
+        result = sandbox._read(ExitsAfterPrinting(), started_read, time.monotonic() + 5, 1.0, 100)
+    finally:
+        os.close(started_read)
+    assert result == (b"42\n", b"", None, False, False)

@@ -9,8 +9,7 @@ from leantrain.tasks.tool_arith import ToolArithTask
 
 @pytest.fixture(scope="module")
 def task() -> ToolArithTask:
-    # Not shorter: the deadline counts the interpreter's start-up, slow on a loaded machine.
-    return ToolArithTask(timeout_s=2.0)
+    return ToolArithTask(timeout_s=1.0)
 
 
 def test_examples_need_the_tool_and_their_solutions_score_full_marks(task):
@@ -30,7 +29,7 @@ def test_call_tool_outcomes(task):
     assert crash.outcome == "error"
     assert crash.output == "<error>\nZeroDivisionError: division by zero\n</error>"
     loop = task.call_tool("<python>\nwhile True: pass\n</python>")
-    assert (loop.outcome, loop.output) == ("timeout", "<error>\ntimeout after 2 s\n</error>")
+    assert (loop.outcome, loop.output) == ("timeout", "<error>\ntimeout after 1 s\n</error>")
     for malformed in ("print(1)\n</python>", "<python>\n\n</python>"):
         call = task.call_tool(malformed)
         assert (call.code, call.outcome) == (None, "malformed")

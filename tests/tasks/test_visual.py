@@ -18,8 +18,7 @@ from leantrain.tasks.visual import (
 
 @pytest.fixture(scope="module")
 def task() -> VisualTask:
-    # Not shorter: the deadline counts the interpreter's start-up, slow on a loaded machine.
-    return VisualTask(timeout_s=2.0)
+    return VisualTask(timeout_s=1.0)
 
 
 def _pixels(ex) -> bytes:

@@ -49,7 +49,7 @@ class CodeTask(Task):
         min_items: fewest numbers.
         max_items: most numbers.
         max_digit: numbers are drawn from 1..max_digit.
-        timeout_s: sandbox wall-clock limit per response.
+        timeout_s: sandbox wall-clock limit per response, from when its code begins.
     """
 
     operations: tuple[str, ...] = ("sum", "product", "max")

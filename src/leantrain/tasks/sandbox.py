@@ -3,9 +3,12 @@
 Each call gets a fresh temporary working directory (also HOME and TMPDIR, deleted afterwards), an
 empty environment, CPU-time / address-space / file-size limits and no core dumps, and a wall-clock
 deadline after which the whole process group is killed. Output beyond the limit is dropped and the
-child killed (it can no longer print a right answer). Network access is blocked twice: where the
-machine allows it the child runs in fresh network and PID namespaces (`unshare`: only a loopback
-interface, and down; every descendant dies with the child), and a prelude inside the child
+child killed (it can no longer print a right answer). The deadline counts the user's code only: the
+child writes a byte on a pipe of its own as its prelude hands over, and until then a separate,
+generous start-up allowance applies (an interpreter in fresh namespaces can take over a second to
+start on a loaded machine, which must not eat a short timeout). Network access is blocked twice:
+where the machine allows it the child runs in fresh network and PID namespaces (`unshare`: only a
+loopback interface, and down; every descendant dies with the child), and a prelude inside the child
 replaces the `socket` constructors with ones that refuse. When we are root the child also drops to
 the `nobody` user where the interpreter is reachable by it; only then is RLIMIT_NPROC set, because
 the kernel ignores it for root and for anyone else counts all of that user's processes.
@@ -34,12 +37,16 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _MAIN = "main.py"
-# Runs in the child before the user's code: refuse sockets, then execute main.py as __main__ in
-# fresh globals so that the prelude's names are not visible to it.
+# Runs in the child before the user's code: refuse sockets, write one byte on the start pipe (its
+# fd is argv[1]) and close it, then execute main.py as __main__ in fresh globals so that the
+# prelude's names are not visible to it.
 _PRELUDE = f"""\
-import _socket, socket
+import _socket, os, socket, sys
+
+_started = int(sys.argv[1])
 
 class _NoSocket:
     def __new__(cls, *args, **kwargs):
@@ -53,8 +60,9 @@ for _module in (_socket, socket):
     _module.socketpair = _refuse
 socket.fromfd = _refuse
 
-import sys
 sys.argv = [{_MAIN!r}]
+os.write(_started, b"s")
+os.close(_started)
 with open({_MAIN!r}, encoding="utf-8") as _file:
     _code = compile(_file.read(), {_MAIN!r}, "exec")
 exec(_code, {{"__name__": "__main__", "__builtins__": __builtins__}})
@@ -89,10 +97,12 @@ class SandboxResult:
         stderr: standard error, likewise.
         returncode: exit status; negative is the signal that killed it (-9 when we killed it;
             under `unshare`, a child the kernel killed, e.g. at the CPU limit, shows as 1).
-        timed_out: the wall-clock deadline passed and the child was killed.
+        timed_out: the child was killed at a deadline: the timeout after its code began, or
+            the start-up allowance before (then `start_s` is None).
         truncated: an output stream went past the limit and the child was killed.
         network_isolated: the child ran in its own network namespace.
-        wall_s: seconds from start to the child's end.
+        wall_s: seconds from start to the child's end, start-up included.
+        start_s: seconds the child took to reach the user's code, or None if it never did.
     """
 
     stdout: str
@@ -102,6 +112,7 @@ class SandboxResult:
     truncated: bool
     network_isolated: bool
     wall_s: float
+    start_s: float | None
 
     @property
     def ok(self) -> bool:
@@ -113,6 +124,7 @@ def run_python(
     code: str,
     *,
     timeout_s: float = 2.0,
+    start_timeout_s: float = 30.0,
     memory_mb: int = 256,
     max_output_bytes: int = 10_000,
     max_file_bytes: int = 1_000_000,
@@ -122,7 +134,9 @@ def run_python(
 
     Args:
         code: the program text, run as `__main__`.
-        timeout_s: wall-clock limit; CPU time is capped a little above it as a backstop.
+        timeout_s: wall-clock limit on the code, counted from when it begins (not from the
+            interpreter's start); CPU time is capped a little above it as a backstop.
+        start_timeout_s: wall-clock limit on the interpreter reaching the code.
         memory_mb: address-space limit of the child (allocation past it raises MemoryError).
         max_output_bytes: most bytes kept of each of stdout and stderr.
         max_file_bytes: largest file the child may write (past it the write fails, or outside a
@@ -138,36 +152,49 @@ def run_python(
         if iso.uid is not None:
             os.chown(workdir, iso.uid, iso.uid)
         limits = _limits(timeout_s, memory_mb, max_file_bytes, nproc=iso.uid is not None)
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [*iso.launcher, python, "-I", "-S", "-X", "utf8", "-c", _PRELUDE],
-            cwd=workdir,
-            env={"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # its own process group, so one killpg takes every child
-            preexec_fn=functools.partial(_apply_limits, limits),
-            **_user_kwargs(iso),
-        )
+        # The child writes one byte here as its code begins (see _PRELUDE).
+        started_read, started_write = os.pipe()
+        argv = [*iso.launcher, python, "-I", "-S", "-X", "utf8", "-c", _PRELUDE, str(started_write)]
         try:
-            out, err, timed_out, truncated = _read(proc, start + timeout_s, max_output_bytes)
+            start = time.monotonic()
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=workdir,
+                    env={"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group, so one killpg takes every child
+                    preexec_fn=functools.partial(_apply_limits, limits),
+                    pass_fds=(started_write,),
+                    **_user_kwargs(iso),
+                )
+            finally:
+                os.close(started_write)  # only the child's processes hold it: their end is EOF
+            try:
+                out = _read(
+                    proc, started_read, start + start_timeout_s, timeout_s, max_output_bytes
+                )
+            finally:
+                # Also reaps stragglers that outlived the main process; safe before wait(): the
+                # unreaped leader keeps the group id from being reused.
+                _kill_group(proc.pid)
+                proc.wait()
         finally:
-            # Also reaps stragglers that outlived the main process; safe before wait(): the
-            # unreaped leader keeps the group id from being reused.
-            _kill_group(proc.pid)
-            proc.wait()
+            os.close(started_read)
         wall_s = time.monotonic() - start
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return SandboxResult(
-        stdout=out[:max_output_bytes].decode("utf-8", "replace"),
-        stderr=err[:max_output_bytes].decode("utf-8", "replace"),
+        stdout=out.stdout[:max_output_bytes].decode("utf-8", "replace"),
+        stderr=out.stderr[:max_output_bytes].decode("utf-8", "replace"),
         returncode=proc.returncode,
-        timed_out=timed_out,
-        truncated=truncated,
+        timed_out=out.timed_out,
+        truncated=out.truncated,
         network_isolated=iso.network,
         wall_s=wall_s,
+        start_s=None if out.started_at is None else out.started_at - start,
     )
 
 
@@ -257,16 +284,29 @@ def _apply_limits(limits: list[tuple[int, int]]) -> None:
         resource.setrlimit(which, (value, value))
 
 
+class _Output(NamedTuple):
+    """What `_read` collected: the two streams, when the code began (monotonic time, None if it
+    never did), and why reading stopped early, if it did."""
+
+    stdout: bytes
+    stderr: bytes
+    started_at: float | None
+    timed_out: bool
+    truncated: bool
+
+
 def _read(
-    proc: subprocess.Popen[bytes], deadline: float, limit: int
-) -> tuple[bytes, bytes, bool, bool]:
-    """Collect stdout and stderr until both close, the child is gone, the deadline passes or an
-    output passes `limit`. Returns (stdout, stderr, timed_out, truncated)."""
+    proc: subprocess.Popen[bytes], started: int, start_deadline: float, timeout_s: float, limit: int
+) -> _Output:
+    """Collect stdout and stderr until both close, the child is gone, a deadline passes or an
+    output passes `limit`. The deadline is `start_deadline` until the child's byte arrives on the
+    `started` pipe, then `timeout_s` after it."""
     assert proc.stdout is not None and proc.stderr is not None
     buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    deadline, started_at = start_deadline, None
     timed_out = truncated = False
     with selectors.DefaultSelector() as selector:
-        for fd in buffers:
+        for fd in (*buffers, started):
             selector.register(fd, selectors.EVENT_READ)
         while selector.get_map() and not truncated:
             remaining = deadline - time.monotonic()
@@ -282,13 +322,19 @@ def _read(
                     break
             for key, _ in events:
                 chunk = os.read(key.fd, 65536)
-                if not chunk:
+                if key.fd == started:
+                    # One byte as the code begins; EOF alone means it never did.
+                    selector.unregister(started)
+                    if chunk:
+                        started_at = time.monotonic()
+                        deadline = started_at + timeout_s
+                elif not chunk:
                     selector.unregister(key.fd)
-                    continue
-                buffers[key.fd] += chunk
-                truncated = truncated or len(buffers[key.fd]) > limit
+                else:
+                    buffers[key.fd] += chunk
+                    truncated = truncated or len(buffers[key.fd]) > limit
     out, err = buffers.values()
-    return bytes(out), bytes(err), timed_out, truncated
+    return _Output(bytes(out), bytes(err), started_at, timed_out, truncated)
 
 
 def _kill_group(pgid: int) -> None:

@@ -88,7 +88,7 @@ class ToolArithTask(Task):
             ends with finish reason "max_turns".
         episode_tokens: token budget of an episode after its prompt: generated plus environment
             tokens over all turns (finish reason "budget" when it runs out).
-        timeout_s: sandbox wall-clock limit per tool call.
+        timeout_s: sandbox wall-clock limit per tool call, from when its code begins.
         max_output_chars: the tool's stdout/stderr shown to the model is cut to this many chars.
     """
 

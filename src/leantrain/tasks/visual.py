@@ -190,7 +190,7 @@ class VisualTask(Task):
         max_value: largest number (1..99: two glyphs at most).
         max_turns: model turns per episode.
         episode_tokens: token budget of an episode after its prompt.
-        timeout_s: sandbox wall-clock limit per tool call.
+        timeout_s: sandbox wall-clock limit per tool call, from when its code begins.
         max_output_chars: the tool's stdout/stderr shown to the model is cut to this many chars.
         pool: 0 draws a new example every time; N > 0 draws from a fixed set of N examples
             (Visual-ARFT trains on tens of examples for many epochs).
