@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -30,8 +31,15 @@ from leantrain.memory.config import TuneConfig
 from leantrain.memory.sft import SFTRun
 from leantrain.settings import load_settings
 
-# Each case's method, settings and bound on the max |weight difference| after 2 steps. In fp32,
-# rounding alone moves weights by about this much: the two runs split the batch into different
+
+class Case(NamedTuple):
+    method: str
+    settings: dict
+    bound: float  # on the max |weight difference| after 2 steps
+    float64: bool = False  # the model in float64 (settings offer no float64)
+
+
+# In fp32, rounding alone moves weights by about this much: the two runs split the batch into different
 # chunks (different matmul shapes), and AdamW turns a gradient element that is mostly rounding
 # noise (e.g. k_proj's direction that softmax ignores) into a full lr-sized step. One process
 # against itself, chunks 2 vs 1, differs by 3.1e-6 (full) and 2.1e-6 (lora); 2 ranks measured
@@ -39,11 +47,11 @@ from leantrain.settings import load_settings
 # (lars). float64 shows the step is the same step (measured 3.1e-15), as in
 # test_sequence_data_parallel_tune.py. LARS keeps each rank's own activation subspace (as each
 # chunk's in one process), so it equals one process only at a rank >= every width.
-CASES: dict[str, tuple[str, dict, float]] = {
-    "full": ("full", {}, 5e-6),
-    "full_float64": ("full", {}, 1e-12),
-    "lora": ("lora", {}, 5e-6),
-    "lars": ("lars", {"lars.rank": 512}, 5e-6),  # the tiny model's widths: 128 and 512
+CASES: dict[str, Case] = {
+    "full": Case("full", {}, 5e-6),
+    "full_float64": Case("full", {}, 1e-12, float64=True),
+    "lora": Case("lora", {}, 5e-6),
+    "lars": Case("lars", {"lars.rank": 512}, 5e-6),  # the tiny model's widths: 128 and 512
 }
 JOIN_TIMEOUT_S = 240
 # One pytest worker runs the module (`make test`: --dist loadgroup), so its ranks spawn once.
@@ -51,12 +59,11 @@ pytestmark = pytest.mark.xdist_group("data-parallel-tune")
 
 
 def _config(case: str, out: Path) -> TuneConfig:
-    method, settings, _ = CASES[case]
     return load_settings(
         TuneConfig,
         None,
-        **settings,
-        method=method,
+        **CASES[case].settings,
+        method=CASES[case].method,
         task="arith",
         task_options={"max_items": 4},
         steps=2,
@@ -79,7 +86,7 @@ def _rank(rank: int, out: str) -> None:
         cfg = _config(case, Path(out) / case)
         hooks = step_hooks(cfg)  # what `torchrun -m leantrain tune` does on every rank
         assert isinstance(hooks, DataParallelHooks) and hooks.world.size == 2
-        if case.endswith("float64"):
+        if CASES[case].float64:
             hooks = Float64Parallel(hooks.world)
         SFTRun(cfg, hooks=hooks, progress=False).run()
         if hooks.is_main:
@@ -100,7 +107,7 @@ def two_ranks(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_ranks_equal_one_process(two_ranks: Path, tmp_path: Path, case: str) -> None:
     torch.set_num_threads(1)
-    hooks = Float64() if case.endswith("float64") else None
+    hooks = Float64() if CASES[case].float64 else None
     one = SFTRun(_config(case, tmp_path / "one"), hooks=hooks, progress=False)
     start = {k: v.clone() for k, v in one.model.state_dict().items()}
     one.run()
@@ -110,7 +117,7 @@ def test_two_ranks_equal_one_process(two_ranks: Path, tmp_path: Path, case: str)
     moved = {name: (w - start[name]).abs().max().item() for name, w in weights.items()}
     diffs = {name: (w - two[name]).abs().max().item() for name, w in weights.items()}
     worst = max(diffs, key=diffs.get)
-    assert diffs[worst] <= CASES[case][2], f"{case}: {worst} differs by {diffs[worst]}"
+    assert diffs[worst] <= CASES[case].bound, f"{case}: {worst} differs by {diffs[worst]}"
     params = dict(one.model.named_parameters())
     assert all(moved[n] > 1e-4 for n, p in params.items() if p.requires_grad), "one did not train"
     assert all(moved[n] == 0 for n, p in params.items() if not p.requires_grad), "a frozen moved"
