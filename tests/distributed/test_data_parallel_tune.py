@@ -39,12 +39,12 @@ class Case(NamedTuple):
     float64: bool = False  # the model in float64 (settings offer no float64)
 
 
-# In fp32, rounding alone moves weights by about this much: the two runs split the batch into different
-# chunks (different matmul shapes), and AdamW turns a gradient element that is mostly rounding
-# noise (e.g. k_proj's direction that softmax ignores) into a full lr-sized step. One process
-# against itself, chunks 2 vs 1, differs by 3.1e-6 (full) and 2.1e-6 (lora); 2 ranks measured
-# 8.4e-7 on one host and 1.7e-6 on another (full), 1.7e-6 to 2.6e-6 (lora), 2.6e-6 to 3.2e-6
-# (lars). float64 shows the step is the same step (measured 3.1e-15), as in
+# In fp32, rounding alone moves weights by about this much: the two runs split the batch into
+# different chunks (different matmul shapes), and AdamW turns a gradient element that is mostly
+# rounding noise (e.g. k_proj's direction that softmax ignores) into a full lr-sized step. One
+# process against itself, chunks 2 vs 1, differs by 3.1e-6 (full) and 2.1e-6 (lora); 2 ranks
+# measured 8.4e-7 on one host and 1.7e-6 on another (full), 1.7e-6 to 2.6e-6 (lora), 2.6e-6 to
+# 3.2e-6 (lars). float64 shows the step is the same step (measured 3.1e-15), as in
 # test_sequence_data_parallel_tune.py. LARS keeps each rank's own activation subspace (as each
 # chunk's in one process), so it equals one process only at a rank >= every width.
 CASES: dict[str, Case] = {
