@@ -38,21 +38,21 @@ KEYS = {
 }
 
 
+def _gpu_check(
+    *args: str, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run benchmarks/gpu_check.py with `args`, its output captured."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
 @pytest.mark.slow  # five processes, two of them import vllm: 80-90 s on 2 cores
 @pytest.mark.smollm2  # the tokenizer is the smollm2-135m preset's
 def test_the_cpu_smoke_run_writes_every_key(tmp_path: Path, vllm_installed: None) -> None:
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gpu_check.py"),
-            *("--device", "cpu", "--quick", "--out", str(out)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    done = _gpu_check("--device", "cpu", "--quick", "--out", str(out), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report.keys() >= KEYS
@@ -100,17 +100,10 @@ def test_without_vllm_the_rest_runs_and_the_vllm_keys_are_null(
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(BLOCKER)  # in every process, children too
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gpu_check.py"),
-            *("--device", "cpu", "--quick", "--no-vllm", "--tokenizer", str(tiny_path)),
-            *("--out", str(out)),
-        ],
-        capture_output=True,
-        text=True,
+    done = _gpu_check(
+        *("--device", "cpu", "--quick", "--no-vllm", "--tokenizer", str(tiny_path)),
+        *("--out", str(out)),
         timeout=600,
-        check=False,
         env={**os.environ, "PYTHONPATH": str(blocker)},
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -126,29 +119,13 @@ def test_without_vllm_the_rest_runs_and_the_vllm_keys_are_null(
 
 
 def test_a_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gpu_check.py"),
-            *("--device", "cpu", "--no-vllm", "--tokenizer", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _gpu_check("--device", "cpu", "--no-vllm", "--tokenizer", str(tmp_path), timeout=300)
     assert done.returncode != 0
     assert f"--tokenizer {tmp_path}: no tokenizer_config.json there" in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
 def test_cuda_without_a_gpu_is_refused_by_name() -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _gpu_check(timeout=300)
     assert done.returncode != 0
     assert "--device cuda: no CUDA device here" in done.stderr
