@@ -464,16 +464,15 @@ def main() -> None:
 
     rollout, dist_check = results["rollout"], results["ranks"]
     # Without vLLM its keys are there, null: a reader finds each figure where a full run has it.
-    vllm_side = dict.fromkeys(VLLM_KEYS) | {
-        key: value for key, value in rollout.items() if key in VLLM_KEYS
-    }
+    vllm_side: dict[str, Any] = dict.fromkeys(VLLM_KEYS)
     if args.vllm:
-        vllm_side["vllm_over_native"] = (
-            rollout["tokens_per_s_vllm"] / rollout["tokens_per_s_native"]
-        )
-        vllm_side["grpo_step_s_vllm"] = results["grpo-vllm"]["grpo_step_s"]
-        vllm_side["weight_sync_s_in_run"] = results["grpo-vllm"]["weight_sync_s_in_run"]
-        vllm_side |= results["server"]
+        grpo_vllm = results["grpo-vllm"]
+        vllm_side |= {key: rollout[key] for key in rollout if key in VLLM_KEYS} | {
+            "vllm_over_native": rollout["tokens_per_s_vllm"] / rollout["tokens_per_s_native"],
+            "grpo_step_s_vllm": grpo_vllm["grpo_step_s"],
+            "weight_sync_s_in_run": grpo_vllm["weight_sync_s_in_run"],
+            **results["server"],
+        }
     report = {
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "model_params": params,
@@ -491,7 +490,11 @@ def main() -> None:
         "config": {
             "model": "random-init Llama (seed 0), "
             + ("tiny: hidden 128, 2 layers" if args.quick else "Llama 3.2 1B shape")
-            + ", SmolLM2-135M's tokenizer",
+            + (
+                f", the tokenizer of {args.tokenizer}"
+                if args.tokenizer
+                else ", SmolLM2's tokenizer"
+            ),
             "dtype": "bfloat16 both backends; trainer fp32 (logprob gap, learner check)",
             "vllm": "in process, enforce_eager (the backend's default: no CUDA graphs)"
             if args.vllm

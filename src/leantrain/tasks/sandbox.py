@@ -154,24 +154,9 @@ def run_python(
         limits = _limits(timeout_s, memory_mb, max_file_bytes, nproc=iso.uid is not None)
         # The child writes one byte here as its code begins (see _PRELUDE).
         started_read, started_write = os.pipe()
-        argv = [*iso.launcher, python, "-I", "-S", "-X", "utf8", "-c", _PRELUDE, str(started_write)]
         try:
             start = time.monotonic()
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=workdir,
-                    env={"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own group, so one killpg takes every child
-                    preexec_fn=functools.partial(_apply_limits, limits),
-                    pass_fds=(started_write,),
-                    **_user_kwargs(iso),
-                )
-            finally:
-                os.close(started_write)  # only the child's processes hold it: their end is EOF
+            proc = _spawn(python, iso, workdir, limits, started_write)
             try:
                 out = _read(
                     proc, started_read, start + start_timeout_s, timeout_s, max_output_bytes
@@ -253,6 +238,28 @@ def _starts(iso: Isolation, python: str) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
+
+
+def _spawn(
+    python: str, iso: Isolation, workdir: str, limits: list[tuple[int, int]], started: int
+) -> subprocess.Popen[bytes]:
+    """Start the prelude under `iso` in `workdir`, `started` (a pipe's write end, closed here
+    once the child holds it) passed as its start signal."""
+    try:
+        return subprocess.Popen(
+            [*iso.launcher, python, "-I", "-S", "-X", "utf8", "-c", _PRELUDE, str(started)],
+            cwd=workdir,
+            env={"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group, so one killpg takes every child
+            preexec_fn=functools.partial(_apply_limits, limits),
+            pass_fds=(started,),
+            **_user_kwargs(iso),
+        )
+    finally:
+        os.close(started)  # only the child's processes hold it now: their end reads as EOF
 
 
 def _user_kwargs(iso: Isolation) -> dict[str, object]:
